@@ -1,0 +1,32 @@
+# CUDA is optional (DESIGN §5): CPU only, CUDA compile-only (no GPU here: GPU tests skip), or full.
+set(FLEXCP_WITH_CUDA OFF)
+if(NOT FLEXCP_CUDA STREQUAL "OFF")
+  include(CheckLanguage)
+  if(NOT CMAKE_CUDA_COMPILER AND EXISTS /usr/local/cuda/bin/nvcc)
+    set(CMAKE_CUDA_COMPILER /usr/local/cuda/bin/nvcc)
+  endif()
+  check_language(CUDA)
+  if(CMAKE_CUDA_COMPILER)
+    set(FLEXCP_WITH_CUDA ON)
+  elseif(FLEXCP_CUDA STREQUAL "ON")
+    message(FATAL_ERROR "FLEXCP_CUDA=ON but no CUDA compiler was found. Install the CUDA toolkit "
+                        "(nvcc under /usr/local/cuda) or configure with -DFLEXCP_CUDA=OFF.")
+  endif()
+endif()
+
+if(FLEXCP_WITH_CUDA)
+  if(NOT DEFINED CMAKE_CUDA_ARCHITECTURES)
+    # Hopper with its architecture-specific features (wgmma, setmaxnreg).
+    set(CMAKE_CUDA_ARCHITECTURES 90a)
+  endif()
+  enable_language(CUDA)
+  # CMake 3.25 does not know nvcc's C++20 switch (nvcc 12+ has it); teach it.
+  set(CMAKE_CUDA20_STANDARD_COMPILE_OPTION "-std=c++20")
+  set(CMAKE_CUDA20_EXTENSION_COMPILE_OPTION "-std=c++20")
+  set(CMAKE_CUDA_STANDARD 20)
+  set(CMAKE_CUDA_STANDARD_REQUIRED ON)
+  find_package(CUDAToolkit REQUIRED)
+  message(STATUS "flexcp: CUDA sources enabled for ${CMAKE_CUDA_ARCHITECTURES}")
+else()
+  message(STATUS "flexcp: CPU-only build (no CUDA)")
+endif()

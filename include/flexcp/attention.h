@@ -1,0 +1,48 @@
+// Attention over a flexible mask on one device (DESIGN §2's numerical contract).
+//
+// Shapes (packed THD layout): q [Tq, Hq, D], k and v [Tk, Hk, D], out [Tq, Hq, D], lse [Tq, Hq]
+// (fp32, natural log). Hq % Hk == 0 (grouped-query attention). q, k, v, out, dout, dq, dk, dv
+// share one dtype (fp32, bf16 or fp16); accumulation is fp32. Outputs are written, never read.
+#pragma once
+
+#include "flexcp/export.h"
+#include "flexcp/mask.h"
+#include "flexcp/tensor.h"
+
+namespace flexcp {
+
+struct AttentionOptions {
+  // Multiplies q.k; 0 means 1/sqrt(D).
+  double scale = 0.0;
+  // When > 0, logits become softcap * tanh(logit / softcap).
+  double softcap = 0.0;
+  // Optional per-head sink logits, fp32 [Hq]: exp(sink[h]) joins each row's denominator only.
+  TensorView sink;
+};
+
+// out[q] = sum_k softmax_k(s(q, k)) v[k] over the keys q attends; lse[q] = log sum_k exp(s(q, k))
+// (plus exp(sink) when given). A row that attends no key gets out = 0 and lse = -inf.
+FLEXCP_API void forward(const TensorView& q, const TensorView& k, const TensorView& v,
+                        const Mask& mask, const TensorView& out, const TensorView& lse,
+                        const AttentionOptions& options = {});
+
+// Gradients of forward. out and lse are forward's outputs. dsink (fp32 [Hq]) is written when the
+// options carry a sink and dsink is not empty. Deterministic: the same inputs give the same bits.
+FLEXCP_API void backward(const TensorView& dout, const TensorView& q, const TensorView& k,
+                         const TensorView& v, const TensorView& out, const TensorView& lse,
+                         const Mask& mask, const TensorView& dq, const TensorView& dk,
+                         const TensorView& dv, const AttentionOptions& options = {},
+                         const TensorView& dsink = {});
+
+// Float64 references: the plain definition, pair by pair, for tests. Inputs of any dtype are
+// read as given; outputs are float64 views ([Tq, Hq, D], [Tq, Hq], ... as above).
+FLEXCP_API void reference_forward(const TensorView& q, const TensorView& k, const TensorView& v,
+                                  const Mask& mask, const TensorView& out, const TensorView& lse,
+                                  const AttentionOptions& options = {});
+FLEXCP_API void reference_backward(const TensorView& dout, const TensorView& q,
+                                   const TensorView& k, const TensorView& v, const Mask& mask,
+                                   const TensorView& dq, const TensorView& dk, const TensorView& dv,
+                                   const AttentionOptions& options = {},
+                                   const TensorView& dsink = {});
+
+}  // namespace flexcp

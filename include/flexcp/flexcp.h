@@ -1,0 +1,10 @@
+// flexcp: exact attention over ultra-long sequences with arbitrary masks. The one public header.
+#pragma once
+
+#include "flexcp/attention.h"
+#include "flexcp/export.h"
+#include "flexcp/mask.h"
+#include "flexcp/masks.h"
+#include "flexcp/status.h"
+#include "flexcp/tensor.h"
+#include "flexcp/version.h"

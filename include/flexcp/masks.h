@@ -1,0 +1,53 @@
+// Builders for the masks users actually train with (DESIGN §2). Document lengths describe a
+// packed batch: documents are laid end to end, and attention never crosses a document boundary.
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+#include "flexcp/export.h"
+#include "flexcp/mask.h"
+
+namespace flexcp::masks {
+
+using Lengths = std::vector<std::int64_t>;
+
+// Every query sees every key; bottom-right aligned causal (seqlen_q may differ from seqlen_k).
+FLEXCP_API Mask full(std::int64_t seqlen_q, std::int64_t seqlen_k);
+FLEXCP_API Mask causal(std::int64_t seqlen_q, std::int64_t seqlen_k);
+
+// `num_seqs` sequences of `seqlen` tokens each, packed; each sequence attends to itself.
+FLEXCP_API Mask batch(std::int64_t num_seqs, std::int64_t seqlen, MaskType type);
+
+// Packed documents, each attending to itself with one mask type.
+FLEXCP_API Mask varlen(const Lengths& doc_lens, MaskType type);
+FLEXCP_API Mask varlen_full(const Lengths& doc_lens);
+FLEXCP_API Mask varlen_causal(const Lengths& doc_lens);
+
+// Cross-attention between packed q and k documents given as cumulative offsets (cu_seqlens,
+// starting at 0, same count for q and k): document d's queries attend its keys.
+FLEXCP_API Mask from_cu_seqlens(const Lengths& cu_seqlens_q, const Lengths& cu_seqlens_k,
+                                MaskType type);
+
+// Sliding window inside each document: kCausal lets token t see [t - window + 1, t];
+// kSymmetric lets it see [t - window + 1, t + window - 1].
+enum class WindowKind { kCausal, kSymmetric };
+FLEXCP_API Mask sliding_window(const Lengths& doc_lens, std::int64_t window, WindowKind kind);
+
+// Each document is cut into blocks of `block` tokens; a block sees itself and every earlier block
+// of its document (bidirectional inside a block).
+FLEXCP_API Mask block_causal(const Lengths& doc_lens, std::int64_t block);
+
+// Each document starts with a prefix seen bidirectionally; the rest is causal and sees the prefix.
+FLEXCP_API Mask prefix_lm(const Lengths& doc_lens, const Lengths& prefix_lens);
+
+// One causal prompt followed by answers; each answer sees the prompt and itself (causally).
+FLEXCP_API Mask shared_question(std::int64_t question_len, const Lengths& answer_lens);
+
+// Reads one positive document length per line (blank lines and '#' comments ignored).
+FLEXCP_API Lengths read_lengths_file(const std::string& path);
+// Packs documents from `lengths`, cycling through the list, until `total` tokens; each is capped
+// at `max_len` tokens and the last is cut to fit.
+FLEXCP_API Lengths pack_lengths(const Lengths& lengths, std::int64_t total, std::int64_t max_len);
+
+}  // namespace flexcp::masks

@@ -1,0 +1,36 @@
+// Public entry points: check the arguments, then dispatch on the device.
+#include "flexcp/attention.h"
+
+#include "core/checks.h"
+#include "flexcp/status.h"
+#include "kernels/cpu/cpu_attention.h"
+
+namespace flexcp {
+namespace {
+
+[[noreturn]] void no_device_kernel(const char* fn) {
+  throw Error(Status::kNotCompiled, std::string(fn) +
+                                        ": no CUDA kernel is compiled into this build yet; pass "
+                                        "tensors in host memory (device cpu)");
+}
+
+}  // namespace
+
+void forward(const TensorView& q, const TensorView& k, const TensorView& v, const Mask& mask,
+             const TensorView& out, const TensorView& lse, const AttentionOptions& options) {
+  const AttentionShape s = check_forward_args("flexcp::forward", q, k, v, mask, out, lse, options, false);
+  if (s.device != Device::kCpu) no_device_kernel("flexcp::forward");
+  cpu::forward(s, q, k, v, mask, out, lse, options);
+}
+
+void backward(const TensorView& dout, const TensorView& q, const TensorView& k,
+              const TensorView& v, const TensorView& out, const TensorView& lse, const Mask& mask,
+              const TensorView& dq, const TensorView& dk, const TensorView& dv,
+              const AttentionOptions& options, const TensorView& dsink) {
+  const AttentionShape s = check_backward_args("flexcp::backward", dout, q, k, v, out, lse, mask,
+                                               dq, dk, dv, options, dsink, false);
+  if (s.device != Device::kCpu) no_device_kernel("flexcp::backward");
+  cpu::backward(s, dout, q, k, v, out, lse, mask, dq, dk, dv, options, dsink);
+}
+
+}  // namespace flexcp

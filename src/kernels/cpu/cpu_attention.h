@@ -1,0 +1,28 @@
+// The CPU kernels. Arguments are already checked (core/checks.h); the tensors are in host memory.
+#pragma once
+
+#include "core/checks.h"
+#include "flexcp/attention.h"
+
+namespace flexcp::cpu {
+
+void forward(const AttentionShape& shape, const TensorView& q, const TensorView& k,
+             const TensorView& v, const Mask& mask, const TensorView& out, const TensorView& lse,
+             const AttentionOptions& options);
+
+void backward(const AttentionShape& shape, const TensorView& dout, const TensorView& q,
+              const TensorView& k, const TensorView& v, const TensorView& out,
+              const TensorView& lse, const Mask& mask, const TensorView& dq, const TensorView& dk,
+              const TensorView& dv, const AttentionOptions& options, const TensorView& dsink);
+
+// Tile sizes, shared by both directions: a q tile holds about kTileRowsTarget (token, head) rows,
+// so the Q, O and S buffers of one worker (about 200 KiB at D = 128) stay in its L2 cache.
+inline constexpr int kTileRowsTarget = 128;
+inline constexpr int kMinTileTokens = 16;
+inline constexpr int kBlockCols = 64;  // columns of S per step: one micro-kernel width on AVX-512
+inline int q_tile_tokens(int group) {
+  const int t = kTileRowsTarget / group;
+  return t < kMinTileTokens ? kMinTileTokens : t;
+}
+
+}  // namespace flexcp::cpu

@@ -1,0 +1,167 @@
+#include "flexcp/mask.h"
+
+#include <algorithm>
+#include <set>
+#include <sstream>
+
+#include "flexcp/status.h"
+#include "mask/band.h"
+
+namespace flexcp {
+namespace {
+
+[[noreturn]] void fail(const std::string& message) {
+  throw Error(Status::kInvalidArgument, message);
+}
+
+std::string range_string(Range r) {
+  std::ostringstream os;
+  os << "[" << r.begin << ", " << r.end << ")";
+  return os.str();
+}
+
+void check_range(std::size_t index, const char* name, Range r, std::int64_t seqlen,
+                 const char* seqlen_name) {
+  std::ostringstream os;
+  os << "slice " << index << ": " << name << "_range " << range_string(r);
+  if (r.begin < 0) fail(os.str() + " starts before 0");
+  if (r.end < r.begin) fail(os.str() + " ends before it begins");
+  if (r.end > seqlen) {
+    os << " ends past " << seqlen_name << " " << seqlen;
+    fail(os.str());
+  }
+}
+
+[[noreturn]] void fail_overlap(std::size_t a, std::size_t b, const Band& both) {
+  if (a > b) std::swap(a, b);
+  const Band cells = trim_band(both);
+  std::ostringstream os;
+  os << "slices " << a << " and " << b << " both cover the pair (q=" << cells.row_begin
+     << ", k=" << cells.begin(cells.row_begin) << "); a mask's slices must not overlap";
+  fail(os.str());
+}
+
+// Shamos-Hoey sweep over q rows. While no two slices overlap, the k intervals of the slices active
+// in a row are disjoint, and since interval ends move right by at most one per row their order
+// never changes; the first overlap is therefore between neighbours in that order. So it suffices
+// to test each pair that becomes adjacent (on insertion and removal) over all its common rows:
+// O(n log n) for n slices.
+void check_no_overlap(const std::vector<Slice>& slices) {
+  std::vector<Band> bands;
+  std::vector<std::size_t> owner;
+  for (std::size_t i = 0; i < slices.size(); ++i) {
+    Band b = trim_band(slice_band(slices[i]));
+    if (b.row_begin < b.row_end) bands.push_back(b), owner.push_back(i);
+  }
+  const std::size_t n = bands.size();
+  struct Event {
+    std::int64_t row;
+    int insert;  // removals (0) sort before insertions (1) at the same row
+    std::size_t band;
+  };
+  std::vector<Event> events;
+  events.reserve(2 * n);
+  for (std::size_t i = 0; i < n; ++i) {
+    events.push_back({bands[i].row_begin, 1, i});
+    events.push_back({bands[i].row_end, 0, i});
+  }
+  std::sort(events.begin(), events.end(), [](const Event& a, const Event& b) {
+    return a.row != b.row ? a.row < b.row : a.insert < b.insert;
+  });
+
+  std::int64_t row = 0;
+  auto by_begin = [&](std::size_t a, std::size_t b) {
+    const std::int64_t ba = bands[a].begin(row), bb = bands[b].begin(row);
+    return ba != bb ? ba < bb : a < b;
+  };
+  std::set<std::size_t, decltype(by_begin)> active(by_begin);
+  std::vector<decltype(active)::iterator> where(n);
+  auto check_pair = [&](std::size_t a, std::size_t b) {
+    const Band both = intersect_bands(bands[a], bands[b]);
+    if (band_area(both, both.row_begin, both.row_end, both.begin_min, both.end_max) > 0)
+      fail_overlap(owner[a], owner[b], both);
+  };
+  for (const Event& e : events) {
+    row = e.row;
+    if (e.insert) {
+      auto it = active.insert(e.band).first;
+      where[e.band] = it;
+      if (it != active.begin()) check_pair(*std::prev(it), e.band);
+      if (std::next(it) != active.end()) check_pair(e.band, *std::next(it));
+    } else {
+      auto it = where[e.band];
+      auto next = active.erase(it);
+      if (next != active.begin() && next != active.end()) check_pair(*std::prev(next), *next);
+    }
+  }
+}
+
+}  // namespace
+
+const char* mask_type_name(MaskType type) {
+  switch (type) {
+    case MaskType::kFull: return "full";
+    case MaskType::kCausal: return "causal";
+    case MaskType::kInvCausal: return "inv_causal";
+    case MaskType::kBiCausal: return "bi_causal";
+  }
+  return "?";
+}
+
+MaskType parse_mask_type(const std::string& name) {
+  for (MaskType t : {MaskType::kFull, MaskType::kCausal, MaskType::kInvCausal, MaskType::kBiCausal})
+    if (name == mask_type_name(t)) return t;
+  fail("mask type '" + name + "' is unknown; expected full, causal, inv_causal or bi_causal");
+}
+
+std::int64_t slice_area(const Slice& slice) {
+  const Band b = slice_band(slice);
+  return band_area(b, b.row_begin, b.row_end, slice.k.begin, slice.k.end);
+}
+
+bool slice_attends(const Slice& s, std::int64_t q, std::int64_t k) {
+  if (q < s.q.begin || q >= s.q.end || k < s.k.begin || k >= s.k.end) return false;
+  const std::int64_t i = q - s.q.begin, j = k - s.k.begin;
+  const std::int64_t sq = s.q.size(), sk = s.k.size();
+  switch (s.type) {
+    case MaskType::kFull: return true;
+    case MaskType::kCausal: return j <= i + (sk - sq);
+    case MaskType::kInvCausal: return j >= i;
+    case MaskType::kBiCausal: return i <= j && j <= i + (sk - sq);
+  }
+  return false;
+}
+
+void validate_slices(std::int64_t seqlen_q, std::int64_t seqlen_k,
+                     const std::vector<Slice>& slices) {
+  if (seqlen_q < 0) fail("seqlen_q is " + std::to_string(seqlen_q) + ", expected >= 0");
+  if (seqlen_k < 0) fail("seqlen_k is " + std::to_string(seqlen_k) + ", expected >= 0");
+  for (std::size_t i = 0; i < slices.size(); ++i) {
+    check_range(i, "q", slices[i].q, seqlen_q, "seqlen_q");
+    check_range(i, "k", slices[i].k, seqlen_k, "seqlen_k");
+  }
+  check_no_overlap(slices);
+}
+
+Mask::Mask(std::int64_t seqlen_q, std::int64_t seqlen_k, std::vector<Slice> slices)
+    : seqlen_q_(seqlen_q), seqlen_k_(seqlen_k), slices_(std::move(slices)) {
+  validate_slices(seqlen_q_, seqlen_k_, slices_);
+  for (const Slice& s : slices_) area_ += slice_area(s);
+}
+
+std::int64_t Mask::area(Range q, Range k) const {
+  std::int64_t total = 0;
+  for (const Slice& s : slices_) {
+    if (s.q.end <= q.begin || s.q.begin >= q.end || s.k.end <= k.begin || s.k.begin >= k.end)
+      continue;
+    total += band_area(slice_band(s), q.begin, q.end, k.begin, k.end);
+  }
+  return total;
+}
+
+bool Mask::attends(std::int64_t q, std::int64_t k) const {
+  return std::any_of(slices_.begin(), slices_.end(),
+                     [&](const Slice& s) { return slice_attends(s, q, k); });
+}
+
+}  // namespace flexcp

@@ -1,0 +1,124 @@
+// Each mask builder against the plain definition of what it should attend.
+#include <gtest/gtest.h>
+
+#include <functional>
+#include <random>
+
+#include "test_util.h"
+
+namespace flexcp {
+namespace {
+
+using Pred = std::function<bool(std::int64_t q, std::int64_t k)>;
+
+void expect_mask(const Mask& m, std::int64_t tq, std::int64_t tk, const Pred& want) {
+  ASSERT_EQ(m.seqlen_q(), tq);
+  ASSERT_EQ(m.seqlen_k(), tk);
+  const auto pairs = test::enumerate_pairs(m.slices(), tq, tk);
+  std::int64_t area = 0;
+  for (std::int64_t q = 0; q < tq; ++q)
+    for (std::int64_t k = 0; k < tk; ++k) {
+      ASSERT_EQ(pairs[q * tk + k], want(q, k) ? 1 : 0) << "q=" << q << " k=" << k;
+      area += want(q, k);
+    }
+  ASSERT_EQ(m.area(), area);
+}
+
+// Document index and start of each token.
+struct Docs {
+  std::vector<std::int64_t> doc, start;
+  explicit Docs(const masks::Lengths& lens) {
+    std::int64_t o = 0;
+    for (std::size_t d = 0; d < lens.size(); ++d) {
+      for (std::int64_t i = 0; i < lens[d]; ++i) doc.push_back(d), start.push_back(o);
+      o += lens[d];
+    }
+  }
+  bool same(std::int64_t a, std::int64_t b) const { return doc[a] == doc[b]; }
+  std::int64_t total() const { return static_cast<std::int64_t>(doc.size()); }
+};
+
+masks::Lengths random_lengths(std::mt19937_64& rng) {
+  masks::Lengths lens(std::uniform_int_distribution<int>(1, 5)(rng));
+  for (auto& n : lens) n = std::uniform_int_distribution<std::int64_t>(0, 13)(rng);
+  return lens;
+}
+
+TEST(Masks, FullCausalAndCross) {
+  expect_mask(masks::full(5, 9), 5, 9, [](auto, auto) { return true; });
+  // Bottom-right aligned: row i sees keys j <= i + (sk - sq).
+  expect_mask(masks::causal(5, 9), 5, 9, [](auto q, auto k) { return k <= q + 4; });
+  expect_mask(masks::causal(9, 5), 9, 5, [](auto q, auto k) { return k <= q - 4; });
+  expect_mask(masks::causal(0, 0), 0, 0, [](auto, auto) { return false; });
+  expect_mask(masks::batch(3, 4, MaskType::kCausal), 12, 12,
+              [](auto q, auto k) { return q / 4 == k / 4 && k <= q; });
+  expect_mask(masks::from_cu_seqlens({0, 2, 2, 7}, {0, 3, 5, 6}, MaskType::kFull), 7, 6,
+              [](auto q, auto k) { return (q < 2 && k < 3) || (q >= 2 && k == 5); });
+}
+
+TEST(Masks, DocumentMasksOnRandomLengths) {
+  std::mt19937_64 rng(21);
+  for (int iter = 0; iter < 200; ++iter) {
+    const masks::Lengths lens = random_lengths(rng);
+    const Docs d(lens);
+    const std::int64_t t = d.total();
+    const std::int64_t w = std::uniform_int_distribution<std::int64_t>(1, 6)(rng);
+    expect_mask(masks::varlen_full(lens), t, t, [&](auto q, auto k) { return d.same(q, k); });
+    expect_mask(masks::varlen_causal(lens), t, t, [&](auto q, auto k) { return d.same(q, k) && k <= q; });
+    expect_mask(masks::sliding_window(lens, w, masks::WindowKind::kCausal), t, t,
+                [&](auto q, auto k) { return d.same(q, k) && k <= q && k > q - w; });
+    expect_mask(masks::sliding_window(lens, w, masks::WindowKind::kSymmetric), t, t,
+                [&](auto q, auto k) { return d.same(q, k) && k < q + w && k > q - w; });
+    expect_mask(masks::block_causal(lens, w), t, t, [&](auto q, auto k) {
+      return d.same(q, k) && (k - d.start[k]) / w <= (q - d.start[q]) / w;
+    });
+    masks::Lengths prefix;
+    for (auto n : lens) prefix.push_back(std::uniform_int_distribution<std::int64_t>(0, n)(rng));
+    expect_mask(masks::prefix_lm(lens, prefix), t, t, [&](auto q, auto k) {
+      const std::int64_t p = d.start[q] + prefix[d.doc[q]];
+      return d.same(q, k) && (k < p || k <= q);
+    });
+    const std::int64_t question = std::uniform_int_distribution<std::int64_t>(0, 9)(rng);
+    const Docs a(lens);
+    expect_mask(masks::shared_question(question, lens), question + t, question + t, [&](auto q, auto k) {
+      if (q < question) return k <= q;
+      if (k < question) return true;
+      return a.same(q - question, k - question) && k <= q;
+    });
+  }
+}
+
+TEST(Masks, BadArgumentsAreNamed) {
+  auto message = [](auto&& fn) {
+    try {
+      fn();
+    } catch (const Error& e) {
+      return std::string(e.what());
+    }
+    return std::string();
+  };
+  EXPECT_EQ(message([] { masks::sliding_window({4}, 0, masks::WindowKind::kCausal); }),
+            "flexcp::masks::sliding_window: window is 0, expected >= 1");
+  EXPECT_EQ(message([] { masks::varlen_causal({3, -1}); }),
+            "flexcp::masks::varlen: doc_lens[1] is -1, expected >= 0");
+  EXPECT_EQ(message([] { masks::prefix_lm({3}, {4}); }),
+            "flexcp::masks::prefix_lm: prefix_lens[0] is 4, longer than its document (3)");
+  EXPECT_EQ(message([] { masks::from_cu_seqlens({0, 4, 2}, {0, 1, 2}, MaskType::kFull); }),
+            "flexcp::masks::from_cu_seqlens: cu_seqlens_q[2] is 2, below the previous entry 4");
+}
+
+TEST(Masks, PackLengthsCapsAndFillsExactly) {
+  const masks::Lengths packed = masks::pack_lengths({100, 5, 3000}, 5000, 1000);
+  std::int64_t total = 0;
+  for (auto n : packed) {
+    EXPECT_GT(n, 0);
+    EXPECT_LE(n, 1000);
+    total += n;
+  }
+  EXPECT_EQ(total, 5000);
+  EXPECT_EQ(packed[0], 100);
+  EXPECT_EQ(packed[2], 1000);
+}
+
+}  // namespace
+}  // namespace flexcp
