@@ -35,8 +35,9 @@ struct Slice {
   friend bool operator==(const Slice&, const Slice&) = default;
 };
 
-// Attended pairs of one slice (closed form).
+// Attended pairs of one slice, and of the part of it inside the rectangle q x k (closed form).
 FLEXCP_API std::int64_t slice_area(const Slice& slice);
+FLEXCP_API std::int64_t slice_area(const Slice& slice, Range q, Range k);
 // Whether one slice attends (q, k); the definition every other piece of flexcp is tested against.
 FLEXCP_API bool slice_attends(const Slice& slice, std::int64_t q, std::int64_t k);
 
@@ -54,6 +55,9 @@ class FLEXCP_API Mask {
   std::int64_t area() const { return area_; }
   std::int64_t area(Range q, Range k) const;
   bool attends(std::int64_t q, std::int64_t k) const;
+  // The mask of the given q rows only: row i of the result is row rows[i] of this mask, with the
+  // same keys. For checking a sample of rows against a reference.
+  Mask select_rows(const std::vector<std::int64_t>& rows) const;
 
   // DESIGN §2's JSON mask spec.
   std::string to_json() const;

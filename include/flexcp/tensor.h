@@ -20,7 +20,7 @@ FLEXCP_API DType parse_dtype(const std::string& name);  // inverse of dtype_name
 inline constexpr int kMaxTensorDims = 4;
 
 // A strided view: element (i0, i1, ...) lives at data + sum(i_d * strides[d]) elements.
-struct TensorView {
+struct FLEXCP_API TensorView {
   void* data = nullptr;
   DType dtype = DType::kFloat32;
   Device device = Device::kCpu;

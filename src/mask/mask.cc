@@ -119,6 +119,11 @@ std::int64_t slice_area(const Slice& slice) {
   return band_area(b, b.row_begin, b.row_end, slice.k.begin, slice.k.end);
 }
 
+std::int64_t slice_area(const Slice& slice, Range q, Range k) {
+  if (q.empty() || k.empty()) return 0;
+  return band_area(slice_band(slice), q.begin, q.end, k.begin, k.end);
+}
+
 bool slice_attends(const Slice& s, std::int64_t q, std::int64_t k) {
   if (q < s.q.begin || q >= s.q.end || k < s.k.begin || k >= s.k.end) return false;
   const std::int64_t i = q - s.q.begin, j = k - s.k.begin;
@@ -154,7 +159,7 @@ std::int64_t Mask::area(Range q, Range k) const {
   for (const Slice& s : slices_) {
     if (s.q.end <= q.begin || s.q.begin >= q.end || s.k.end <= k.begin || s.k.begin >= k.end)
       continue;
-    total += band_area(slice_band(s), q.begin, q.end, k.begin, k.end);
+    total += slice_area(s, q, k);
   }
   return total;
 }
@@ -162,6 +167,23 @@ std::int64_t Mask::area(Range q, Range k) const {
 bool Mask::attends(std::int64_t q, std::int64_t k) const {
   return std::any_of(slices_.begin(), slices_.end(),
                      [&](const Slice& s) { return slice_attends(s, q, k); });
+}
+
+Mask Mask::select_rows(const std::vector<std::int64_t>& rows) const {
+  std::vector<Band> bands;
+  for (const Slice& s : slices_) bands.push_back(slice_band(s));
+  std::vector<Slice> out;
+  for (std::size_t i = 0; i < rows.size(); ++i) {
+    const std::int64_t x = rows[i];
+    if (x < 0 || x >= seqlen_q_)
+      fail("Mask::select_rows: rows[" + std::to_string(i) + "] is " + std::to_string(x) +
+           ", outside [0, " + std::to_string(seqlen_q_) + ")");
+    const std::int64_t r = static_cast<std::int64_t>(i);
+    for (const Band& b : bands)
+      if (b.contains(x, b.begin(x)))
+        out.push_back({{r, r + 1}, {b.begin(x), b.end(x)}, MaskType::kFull});
+  }
+  return Mask(static_cast<std::int64_t>(rows.size()), seqlen_k_, std::move(out));
 }
 
 }  // namespace flexcp

@@ -24,7 +24,9 @@ std::vector<int> replay(const WorkList& list, const Mask& mask, bool row_major) 
           if (w.mask == EntryMask::kRows) on = x >= b.row_begin && x < b.row_end;
           if (w.mask == EntryMask::kElements) on = b.contains(x, y);
           // An unmasked cell must really be attended: kernels skip the test there.
-          if (w.mask != EntryMask::kElements && on) EXPECT_TRUE(b.contains(x, y)) << x << "," << y;
+          if (w.mask != EntryMask::kElements && on) {
+            EXPECT_TRUE(b.contains(x, y)) << x << "," << y;
+          }
           if (on) ++seen[row_major ? x * tk + y : y * tk + x];
         }
     }
@@ -56,7 +58,9 @@ TEST(WorkList, EveryAttendedPairIsComputedExactlyOnce) {
       for (std::int64_t t = 0; t < list.num_tiles(); ++t) ASSERT_EQ(order[t], t);
       // Unmasked intervals are whole blocks.
       for (const WorkEntry& w : list.entries)
-        if (w.mask != EntryMask::kElements) ASSERT_EQ((w.end - w.begin) % opt.block_cols, 0);
+        if (w.mask != EntryMask::kElements) {
+          ASSERT_EQ((w.end - w.begin) % opt.block_cols, 0);
+        }
     }
   }
 }

@@ -1,0 +1,98 @@
+// flexcp attn: attention on tensors saved as float32 .npy files (DESIGN §4).
+#include <iostream>
+#include <optional>
+
+#include "commands.h"
+#include "flexcp/flexcp.h"
+#include "host_tensor.h"
+#include "mask_args.h"
+#include "npy.h"
+
+namespace flexcp::tools {
+namespace {
+
+struct AttnArgs {
+  MaskArgs mask;
+  std::string q, k, v, out, lse, dout, dq, dk, dv, sink, dsink;
+  std::string device = "cpu";
+  std::string dtype = "fp32";
+  double scale = 0.0;
+  double softcap = 0.0;
+};
+
+HostTensor load(const std::string& path, DType dtype, int ndim, const char* name) {
+  NpyArray a = read_npy(path);
+  if (static_cast<int>(a.shape.size()) != ndim)
+    throw Error(Status::kInvalidArgument, std::string("--") + name + " " + path + " has " +
+                                              std::to_string(a.shape.size()) + " dims, expected " +
+                                              std::to_string(ndim));
+  HostTensor t(dtype, a.shape);
+  t.assign(a.data);
+  return t;
+}
+
+void save(const std::string& path, const HostTensor& t) { write_npy(path, t.shape(), t.to_float().data()); }
+
+void run_attn(const AttnArgs& a) {
+  if (a.device != "cpu")
+    throw Error(Status::kNotCompiled, "flexcp attn: --device " + a.device +
+                                          ": no kernel for this device is compiled into this build");
+  const DType dtype = parse_dtype(a.dtype);
+  const Mask mask = build_mask(a.mask);
+  HostTensor q = load(a.q, dtype, 3, "q"), k = load(a.k, dtype, 3, "k"), v = load(a.v, dtype, 3, "v");
+  std::vector<std::int64_t> lse_shape = {q.shape()[0], q.shape()[1]};
+  HostTensor out(dtype, q.shape()), lse(DType::kFloat32, lse_shape);
+  AttentionOptions options;
+  options.scale = a.scale;
+  options.softcap = a.softcap;
+  std::optional<HostTensor> sink;
+  if (!a.sink.empty()) {
+    sink.emplace(load(a.sink, DType::kFloat32, 1, "sink"));
+    options.sink = sink->view();
+  }
+  forward(q.view(), k.view(), v.view(), mask, out.view(), lse.view(), options);
+  save(a.out, out);
+  save(a.lse, lse);
+  if (a.dout.empty()) return;
+  HostTensor dout = load(a.dout, dtype, 3, "dout");
+  HostTensor dq(dtype, q.shape()), dk(dtype, k.shape()), dv(dtype, v.shape());
+  std::optional<HostTensor> dsink;
+  if (sink) dsink.emplace(DType::kFloat32, sink->shape());
+  backward(dout.view(), q.view(), k.view(), v.view(), out.view(), lse.view(), mask, dq.view(),
+           dk.view(), dv.view(), options, dsink ? dsink->view() : TensorView{});
+  save(a.dq, dq);
+  save(a.dk, dk);
+  save(a.dv, dv);
+  if (dsink && !a.dsink.empty()) save(a.dsink, *dsink);
+}
+
+}  // namespace
+
+void add_attn_command(CLI::App& app) {
+  auto args = std::make_shared<AttnArgs>();
+  CLI::App* cmd = app.add_subcommand("attn", "Attention on saved tensors (.npy, float32)");
+  add_mask_options(*cmd, args->mask);
+  cmd->add_option("--q", args->q, "q [Tq, Hq, D]")->required()->check(CLI::ExistingFile);
+  cmd->add_option("--k", args->k, "k [Tk, Hk, D]")->required()->check(CLI::ExistingFile);
+  cmd->add_option("--v", args->v, "v [Tk, Hk, D]")->required()->check(CLI::ExistingFile);
+  cmd->add_option("--out", args->out, "Output: out [Tq, Hq, D]")->required();
+  cmd->add_option("--lse", args->lse, "Output: lse [Tq, Hq] (natural log)")->required();
+  auto* dout = cmd->add_option("--dout", args->dout, "Gradient of out; runs the backward too")->check(CLI::ExistingFile);
+  auto* dq = cmd->add_option("--dq", args->dq, "Output: dq");
+  auto* dk = cmd->add_option("--dk", args->dk, "Output: dk");
+  auto* dv = cmd->add_option("--dv", args->dv, "Output: dv");
+  dout->needs(dq, dk, dv);
+  dq->needs(dout);
+  dk->needs(dout);
+  dv->needs(dout);
+  cmd->add_option("--sink", args->sink, "Per-head sink logits [Hq]")->check(CLI::ExistingFile);
+  cmd->add_option("--dsink", args->dsink, "Output: gradient of the sink logits");
+  cmd->add_option("--device", args->device, "cpu or cuda")->check(CLI::IsMember({"cpu", "cuda"}))->capture_default_str();
+  cmd->add_option("--dtype", args->dtype, "Precision the inputs are rounded to and computed in")
+      ->check(CLI::IsMember({"fp32", "bf16", "fp16"}))->capture_default_str();
+  cmd->add_option("--scale", args->scale, "Logit scale (default 1/sqrt(D))");
+  cmd->add_option("--softcap", args->softcap, "Logit softcap (0: none)");
+  cmd->callback([args] { run_attn(*args); });
+}
+
+}  // namespace flexcp::tools

@@ -1,0 +1,89 @@
+#include "mask_args.h"
+
+#include <cmath>
+
+#include "flexcp/masks.h"
+#include "flexcp/status.h"
+
+namespace flexcp::tools {
+namespace {
+
+[[noreturn]] void fail(const std::string& message) {
+  throw Error(Status::kInvalidArgument, message);
+}
+
+masks::Lengths documents(const MaskArgs& a) {
+  const std::int64_t cap = a.max_doc_len > 0 ? a.max_doc_len : std::max<std::int64_t>(1, a.seqlen / 4);
+  if (!a.doc_lens_file.empty()) return masks::pack_lengths(masks::read_lengths_file(a.doc_lens_file), a.seqlen, cap);
+  if (a.doc_len > 0) return masks::pack_lengths({a.doc_len}, a.seqlen, cap);
+  fail("--mask " + a.kind + " needs --doc-lens FILE or --doc-len N");
+}
+
+}  // namespace
+
+const std::vector<std::string>& mask_generator_names() {
+  static const std::vector<std::string> names = {
+      "full", "causal", "varlen-full", "varlen-causal", "sliding-window", "sliding-window-symmetric",
+      "block-causal", "prefix-lm", "shared-question"};
+  return names;
+}
+
+void add_mask_options(CLI::App& cmd, MaskArgs& a) {
+  auto* file = cmd.add_option("--mask-file", a.file, "Mask spec (JSON, DESIGN §2)")->check(CLI::ExistingFile);
+  auto* kind = cmd.add_option("--mask", a.kind, "Mask generator")->check(CLI::IsMember(mask_generator_names()));
+  file->excludes(kind);
+  kind->excludes(file);
+  cmd.add_option("--seqlen", a.seqlen, "Tokens (q; and k unless --seqlen-k) for --mask");
+  cmd.add_option("--seqlen-k", a.seqlen_k, "Key tokens for --mask full|causal (cross-attention)");
+  cmd.add_option("--doc-lens", a.doc_lens_file, "Document lengths, one per line, packed cyclically")
+      ->check(CLI::ExistingFile);
+  cmd.add_option("--doc-len", a.doc_len, "Equal documents of this many tokens (instead of --doc-lens)");
+  cmd.add_option("--max-doc-len", a.max_doc_len, "Cap on a document's length (default: seqlen / 4)");
+  cmd.add_option("--window", a.window, "Sliding-window size")->capture_default_str();
+  cmd.add_option("--block", a.block, "Block size for block-causal")->capture_default_str();
+  cmd.add_option("--prefix-frac", a.prefix_frac, "Prefix share of each document for prefix-lm")
+      ->capture_default_str();
+  cmd.add_option("--question", a.question, "Question length for shared-question")->capture_default_str();
+}
+
+Mask build_mask(const MaskArgs& a) {
+  if (!a.file.empty()) return Mask::from_json_file(a.file);
+  if (a.kind.empty()) fail("give a mask: --mask-file M.json or --mask NAME --seqlen L");
+  if (a.seqlen <= 0) fail("--seqlen is " + std::to_string(a.seqlen) + ", expected > 0 with --mask");
+  const std::int64_t tk = a.seqlen_k > 0 ? a.seqlen_k : a.seqlen;
+  if (a.kind == "full") return masks::full(a.seqlen, tk);
+  if (a.kind == "causal") return masks::causal(a.seqlen, tk);
+  if (a.seqlen_k > 0 && a.seqlen_k != a.seqlen) fail("--seqlen-k applies to --mask full and causal only");
+  if (a.kind == "varlen-full") return masks::varlen_full(documents(a));
+  if (a.kind == "varlen-causal") return masks::varlen_causal(documents(a));
+  if (a.kind == "sliding-window") return masks::sliding_window(documents(a), a.window, masks::WindowKind::kCausal);
+  if (a.kind == "sliding-window-symmetric")
+    return masks::sliding_window(documents(a), a.window, masks::WindowKind::kSymmetric);
+  if (a.kind == "block-causal") return masks::block_causal(documents(a), a.block);
+  if (a.kind == "prefix-lm") {
+    if (!(a.prefix_frac >= 0 && a.prefix_frac <= 1))
+      fail("--prefix-frac is " + std::to_string(a.prefix_frac) + ", expected a fraction in [0, 1]");
+    const masks::Lengths docs = documents(a);
+    masks::Lengths prefix;
+    for (std::int64_t n : docs) prefix.push_back(static_cast<std::int64_t>(std::floor(n * a.prefix_frac)));
+    return masks::prefix_lm(docs, prefix);
+  }
+  if (a.kind == "shared-question") {
+    if (a.question < 0 || a.question >= a.seqlen)
+      fail("--question is " + std::to_string(a.question) + ", expected in [0, seqlen)");
+    MaskArgs answers = a;
+    answers.seqlen = a.seqlen - a.question;
+    return masks::shared_question(a.question, documents(answers));
+  }
+  fail("--mask " + a.kind + " is unknown");
+}
+
+std::string describe_mask(const MaskArgs& a) {
+  if (!a.file.empty()) return a.file;
+  std::string d = a.kind + " T=" + std::to_string(a.seqlen);
+  if (a.kind.rfind("sliding", 0) == 0) d += " w=" + std::to_string(a.window);
+  if (a.kind == "block-causal") d += " block=" + std::to_string(a.block);
+  return d;
+}
+
+}  // namespace flexcp::tools

@@ -1,0 +1,38 @@
+// Mask options shared by the subcommands: a JSON spec (--mask-file) or a generator (--mask NAME
+// with sizes), so that no one has to write JSON for common cases.
+#pragma once
+
+#include <CLI/CLI.hpp>
+#include <string>
+
+#include "flexcp/mask.h"
+
+namespace flexcp::tools {
+
+struct MaskArgs {
+  std::string file;
+  std::string kind;  // generator name
+  std::int64_t seqlen = 0;
+  std::int64_t seqlen_k = 0;  // full/causal cross-attention; 0 means seqlen
+  std::string doc_lens_file;
+  std::int64_t doc_len = 0;      // equal documents of this length instead of a file
+  std::int64_t max_doc_len = 0;  // 0: a quarter of seqlen (DESIGN §6)
+  std::int64_t window = 1024;
+  std::int64_t block = 2048;
+  double prefix_frac = 0.5;
+  std::int64_t question = 1024;
+};
+
+// The generators --mask accepts.
+const std::vector<std::string>& mask_generator_names();
+
+// Adds the options to `cmd`; `required` makes one of --mask-file/--mask mandatory.
+void add_mask_options(CLI::App& cmd, MaskArgs& args);
+
+// Builds the mask; throws flexcp::Error naming the option at fault.
+Mask build_mask(const MaskArgs& args);
+
+// "varlen-causal T=16384" or the file name, for report lines.
+std::string describe_mask(const MaskArgs& args);
+
+}  // namespace flexcp::tools
