@@ -17,18 +17,24 @@ Tensor::Tensor(DType dtype, std::initializer_list<std::int64_t> shape) {
   view = make_view(bytes.data(), dtype, shape);
 }
 
-double Tensor::get(std::int64_t i) const { return load_double(view.data, view.dtype, i); }
+double Tensor::get(std::int64_t i) const {
+  return load_double(view.data, view.dtype, i);
+}
 
 void Tensor::set(std::int64_t i, double x) {
-  if (view.dtype == DType::kFloat64) static_cast<double*>(view.data)[i] = x;
-  else store_float(view.data, view.dtype, i, static_cast<float>(x));
+  if (view.dtype == DType::kFloat64)
+    static_cast<double*>(view.data)[i] = x;
+  else
+    store_float(view.data, view.dtype, i, static_cast<float>(x));
 }
 
 void Tensor::fill(double x) {
   for (std::int64_t i = 0; i < numel(); ++i) set(i, x);
 }
 
-void Tensor::poison() { fill(std::numeric_limits<double>::quiet_NaN()); }
+void Tensor::poison() {
+  fill(std::numeric_limits<double>::quiet_NaN());
+}
 
 Tensor random_tensor(std::mt19937_64& rng, DType dtype, std::initializer_list<std::int64_t> shape,
                      double amplitude) {
@@ -58,7 +64,8 @@ Mask random_mask(std::mt19937_64& rng, std::int64_t seqlen_q, std::int64_t seqle
   for (std::size_t i = 0; i + 1 < qc.size(); ++i)
     for (std::size_t j = 0; j + 1 < kc.size(); ++j)
       if (keep(rng) != 0)  // three cells in four carry a slice
-        slices.push_back({{qc[i], qc[i + 1]}, {kc[j], kc[j + 1]}, static_cast<MaskType>(type(rng))});
+        slices.push_back(
+            {{qc[i], qc[i + 1]}, {kc[j], kc[j + 1]}, static_cast<MaskType>(type(rng))});
   std::shuffle(slices.begin(), slices.end(), rng);
   return Mask(seqlen_q, seqlen_k, std::move(slices));
 }
@@ -147,7 +154,8 @@ void naive_forward(const TensorView& q, const TensorView& k, const TensorView& v
       const FloatRow r = float_row(dm, options, q, k, mask, x, h);
       for (std::int64_t d = 0; d < dm.d; ++d) {
         float acc = 0;
-        for (std::size_t i = 0; i < r.keys.size(); ++i) acc += r.p[i] * at(v, r.keys[i], h / (dm.hq / dm.hk), d);
+        for (std::size_t i = 0; i < r.keys.size(); ++i)
+          acc += r.p[i] * at(v, r.keys[i], h / (dm.hq / dm.hk), d);
         out.set((x * dm.hq + h) * dm.d + d, round_to(out_dtype, acc));
       }
       lse.set(x * dm.hq + h, r.lse);

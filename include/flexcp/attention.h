@@ -39,9 +39,9 @@ FLEXCP_API void backward(const TensorView& dout, const TensorView& q, const Tens
 FLEXCP_API void reference_forward(const TensorView& q, const TensorView& k, const TensorView& v,
                                   const Mask& mask, const TensorView& out, const TensorView& lse,
                                   const AttentionOptions& options = {});
-FLEXCP_API void reference_backward(const TensorView& dout, const TensorView& q,
-                                   const TensorView& k, const TensorView& v, const Mask& mask,
-                                   const TensorView& dq, const TensorView& dk, const TensorView& dv,
+FLEXCP_API void reference_backward(const TensorView& dout, const TensorView& q, const TensorView& k,
+                                   const TensorView& v, const Mask& mask, const TensorView& dq,
+                                   const TensorView& dk, const TensorView& dv,
                                    const AttentionOptions& options = {},
                                    const TensorView& dsink = {});
 

@@ -25,7 +25,7 @@ struct Range {
 //   kBiCausal:   i <= j <= i + (sk - sq)   (a band; empty when sq > sk)
 enum class MaskType { kFull, kCausal, kInvCausal, kBiCausal };
 
-FLEXCP_API const char* mask_type_name(MaskType type);        // "full", "causal", ...
+FLEXCP_API const char* mask_type_name(MaskType type);          // "full", "causal", ...
 FLEXCP_API MaskType parse_mask_type(const std::string& name);  // throws Error
 
 struct Slice {

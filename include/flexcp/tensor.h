@@ -13,8 +13,8 @@ namespace flexcp {
 enum class DType { kFloat32, kBFloat16, kFloat16, kFloat64 };
 enum class Device { kCpu, kCuda };
 
-FLEXCP_API const char* dtype_name(DType dtype);     // "fp32", "bf16", "fp16", "fp64"
-FLEXCP_API std::size_t dtype_size(DType dtype);     // bytes per element
+FLEXCP_API const char* dtype_name(DType dtype);         // "fp32", "bf16", "fp16", "fp64"
+FLEXCP_API std::size_t dtype_size(DType dtype);         // bytes per element
 FLEXCP_API DType parse_dtype(const std::string& name);  // inverse of dtype_name; throws Error
 
 inline constexpr int kMaxTensorDims = 4;

@@ -66,7 +66,8 @@ struct Checker {
         if (std::string(name) == out_name || other->empty()) continue;
         const auto [lo, hi] = extent(*other);
         if (olo < hi && lo < ohi)
-          fail(std::string(out_name) + " overlaps " + name + " in memory; outputs need their own buffers");
+          fail(std::string(out_name) + " overlaps " + name +
+               " in memory; outputs need their own buffers");
       }
     }
   }
@@ -159,8 +160,9 @@ AttentionShape check_forward_args(const char* fn, const TensorView& q, const Ten
   const DType out_dtype = reference ? DType::kFloat64 : s.dtype;
   check_like(c, "out", out, q, out_dtype, "[Tq, Hq, D]");
   check_lse(c, "lse", lse, s, q, reference ? DType::kFloat64 : DType::kFloat32);
-  c.no_alias({{"out", &out}, {"lse", &lse}},
-             {{"q", &q}, {"k", &k}, {"v", &v}, {"out", &out}, {"lse", &lse}, {"sink", &options.sink}});
+  c.no_alias(
+      {{"out", &out}, {"lse", &lse}},
+      {{"q", &q}, {"k", &k}, {"v", &v}, {"out", &out}, {"lse", &lse}, {"sink", &options.sink}});
   return s;
 }
 
@@ -188,9 +190,17 @@ AttentionShape check_backward_args(const char* fn, const TensorView& dout, const
     c.dtype("dsink", dsink, reference ? DType::kFloat64 : DType::kFloat32);
     if (dsink.device != Device::kCpu) c.fail("dsink must be in host memory");
   }
-  c.no_alias({{"dq", &dq}, {"dk", &dk}, {"dv", &dv}, {"dsink", &dsink}},
-             {{"dout", &dout}, {"q", &q}, {"k", &k}, {"v", &v}, {"out", &out}, {"lse", &lse},
-              {"dq", &dq}, {"dk", &dk}, {"dv", &dv}, {"sink", &options.sink}, {"dsink", &dsink}});
+  c.no_alias({{"dq", &dq}, {"dk", &dk}, {"dv", &dv}, {"dsink", &dsink}}, {{"dout", &dout},
+                                                                          {"q", &q},
+                                                                          {"k", &k},
+                                                                          {"v", &v},
+                                                                          {"out", &out},
+                                                                          {"lse", &lse},
+                                                                          {"dq", &dq},
+                                                                          {"dk", &dk},
+                                                                          {"dv", &dv},
+                                                                          {"sink", &options.sink},
+                                                                          {"dsink", &dsink}});
   return s;
 }
 

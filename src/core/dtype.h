@@ -31,10 +31,14 @@ inline std::uint16_t float_to_fp16(float x) {
 // Reads element `offset` (in elements) of a buffer of `dtype` as float / double.
 inline float load_float(const void* base, DType dtype, std::int64_t offset) {
   switch (dtype) {
-    case DType::kFloat32: return static_cast<const float*>(base)[offset];
-    case DType::kBFloat16: return bf16_to_float(static_cast<const std::uint16_t*>(base)[offset]);
-    case DType::kFloat16: return fp16_to_float(static_cast<const std::uint16_t*>(base)[offset]);
-    case DType::kFloat64: return static_cast<float>(static_cast<const double*>(base)[offset]);
+    case DType::kFloat32:
+      return static_cast<const float*>(base)[offset];
+    case DType::kBFloat16:
+      return bf16_to_float(static_cast<const std::uint16_t*>(base)[offset]);
+    case DType::kFloat16:
+      return fp16_to_float(static_cast<const std::uint16_t*>(base)[offset]);
+    case DType::kFloat64:
+      return static_cast<float>(static_cast<const double*>(base)[offset]);
   }
   return 0.0f;
 }
@@ -46,19 +50,30 @@ inline double load_double(const void* base, DType dtype, std::int64_t offset) {
 
 inline void store_float(void* base, DType dtype, std::int64_t offset, float x) {
   switch (dtype) {
-    case DType::kFloat32: static_cast<float*>(base)[offset] = x; break;
-    case DType::kBFloat16: static_cast<std::uint16_t*>(base)[offset] = float_to_bf16(x); break;
-    case DType::kFloat16: static_cast<std::uint16_t*>(base)[offset] = float_to_fp16(x); break;
-    case DType::kFloat64: static_cast<double*>(base)[offset] = x; break;
+    case DType::kFloat32:
+      static_cast<float*>(base)[offset] = x;
+      break;
+    case DType::kBFloat16:
+      static_cast<std::uint16_t*>(base)[offset] = float_to_bf16(x);
+      break;
+    case DType::kFloat16:
+      static_cast<std::uint16_t*>(base)[offset] = float_to_fp16(x);
+      break;
+    case DType::kFloat64:
+      static_cast<double*>(base)[offset] = x;
+      break;
   }
 }
 
 // Rounds x to the precision of `dtype` (identity for fp32 and fp64).
 inline float round_to(DType dtype, float x) {
   switch (dtype) {
-    case DType::kBFloat16: return bf16_to_float(float_to_bf16(x));
-    case DType::kFloat16: return fp16_to_float(float_to_fp16(x));
-    default: return x;
+    case DType::kBFloat16:
+      return bf16_to_float(float_to_bf16(x));
+    case DType::kFloat16:
+      return fp16_to_float(float_to_fp16(x));
+    default:
+      return x;
   }
 }
 

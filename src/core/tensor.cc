@@ -8,20 +8,27 @@ namespace flexcp {
 
 const char* dtype_name(DType dtype) {
   switch (dtype) {
-    case DType::kFloat32: return "fp32";
-    case DType::kBFloat16: return "bf16";
-    case DType::kFloat16: return "fp16";
-    case DType::kFloat64: return "fp64";
+    case DType::kFloat32:
+      return "fp32";
+    case DType::kBFloat16:
+      return "bf16";
+    case DType::kFloat16:
+      return "fp16";
+    case DType::kFloat64:
+      return "fp64";
   }
   return "?";
 }
 
 std::size_t dtype_size(DType dtype) {
   switch (dtype) {
-    case DType::kFloat32: return 4;
+    case DType::kFloat32:
+      return 4;
     case DType::kBFloat16:
-    case DType::kFloat16: return 2;
-    case DType::kFloat64: return 8;
+    case DType::kFloat16:
+      return 2;
+    case DType::kFloat64:
+      return 8;
   }
   return 0;
 }

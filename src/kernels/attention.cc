@@ -18,15 +18,16 @@ namespace {
 
 void forward(const TensorView& q, const TensorView& k, const TensorView& v, const Mask& mask,
              const TensorView& out, const TensorView& lse, const AttentionOptions& options) {
-  const AttentionShape s = check_forward_args("flexcp::forward", q, k, v, mask, out, lse, options, false);
+  const AttentionShape s =
+      check_forward_args("flexcp::forward", q, k, v, mask, out, lse, options, false);
   if (s.device != Device::kCpu) no_device_kernel("flexcp::forward");
   cpu::forward(s, q, k, v, mask, out, lse, options);
 }
 
-void backward(const TensorView& dout, const TensorView& q, const TensorView& k,
-              const TensorView& v, const TensorView& out, const TensorView& lse, const Mask& mask,
-              const TensorView& dq, const TensorView& dk, const TensorView& dv,
-              const AttentionOptions& options, const TensorView& dsink) {
+void backward(const TensorView& dout, const TensorView& q, const TensorView& k, const TensorView& v,
+              const TensorView& out, const TensorView& lse, const Mask& mask, const TensorView& dq,
+              const TensorView& dk, const TensorView& dv, const AttentionOptions& options,
+              const TensorView& dsink) {
   const AttentionShape s = check_backward_args("flexcp::backward", dout, q, k, v, out, lse, mask,
                                                dq, dk, dv, options, dsink, false);
   if (s.device != Device::kCpu) no_device_kernel("flexcp::backward");

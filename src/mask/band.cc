@@ -52,8 +52,10 @@ void for_each_linear_piece(const Band& band, std::int64_t x0, std::int64_t x1, s
 // sum over x in [a, b) of max(0, c + d * x).
 std::int64_t sum_positive(std::int64_t a, std::int64_t b, std::int64_t c, std::int64_t d) {
   if (d == 0) return c > 0 ? c * (b - a) : 0;
-  if (d > 0) a = std::max(a, 1 - c);  // c + x > 0
-  else b = std::min(b, c);            // c - x > 0
+  if (d > 0)
+    a = std::max(a, 1 - c);  // c + x > 0
+  else
+    b = std::min(b, c);  // c - x > 0
   if (a >= b) return 0;
   const std::int64_t n = b - a;
   const std::int64_t first = c + d * a, last = c + d * (b - 1);
@@ -134,16 +136,24 @@ Band intersect_bands(const Band& a_in, const Band& b_in) {
   r.row_end = std::max(r.row_begin, std::min(a.row_end, b.row_end));
   r.begin_min = std::max(a.begin_min, b.begin_min);
   r.begin_slope = a.begin_slope | b.begin_slope;
-  if (a.begin_slope && b.begin_slope) r.begin_off = std::max(a.begin_off, b.begin_off);
-  else if (a.begin_slope) r.begin_off = a.begin_off;
-  else if (b.begin_slope) r.begin_off = b.begin_off;
-  else r.begin_off = r.begin_min;
+  if (a.begin_slope && b.begin_slope)
+    r.begin_off = std::max(a.begin_off, b.begin_off);
+  else if (a.begin_slope)
+    r.begin_off = a.begin_off;
+  else if (b.begin_slope)
+    r.begin_off = b.begin_off;
+  else
+    r.begin_off = r.begin_min;
   r.end_max = std::min(a.end_max, b.end_max);
   r.end_slope = a.end_slope | b.end_slope;
-  if (a.end_slope && b.end_slope) r.end_off = std::min(a.end_off, b.end_off);
-  else if (a.end_slope) r.end_off = a.end_off;
-  else if (b.end_slope) r.end_off = b.end_off;
-  else r.end_off = r.end_max;
+  if (a.end_slope && b.end_slope)
+    r.end_off = std::min(a.end_off, b.end_off);
+  else if (a.end_slope)
+    r.end_off = a.end_off;
+  else if (b.end_slope)
+    r.end_off = b.end_off;
+  else
+    r.end_off = r.end_max;
   return normalized(r);
 }
 

@@ -100,10 +100,14 @@ void check_no_overlap(const std::vector<Slice>& slices) {
 
 const char* mask_type_name(MaskType type) {
   switch (type) {
-    case MaskType::kFull: return "full";
-    case MaskType::kCausal: return "causal";
-    case MaskType::kInvCausal: return "inv_causal";
-    case MaskType::kBiCausal: return "bi_causal";
+    case MaskType::kFull:
+      return "full";
+    case MaskType::kCausal:
+      return "causal";
+    case MaskType::kInvCausal:
+      return "inv_causal";
+    case MaskType::kBiCausal:
+      return "bi_causal";
   }
   return "?";
 }
@@ -129,10 +133,14 @@ bool slice_attends(const Slice& s, std::int64_t q, std::int64_t k) {
   const std::int64_t i = q - s.q.begin, j = k - s.k.begin;
   const std::int64_t sq = s.q.size(), sk = s.k.size();
   switch (s.type) {
-    case MaskType::kFull: return true;
-    case MaskType::kCausal: return j <= i + (sk - sq);
-    case MaskType::kInvCausal: return j >= i;
-    case MaskType::kBiCausal: return i <= j && j <= i + (sk - sq);
+    case MaskType::kFull:
+      return true;
+    case MaskType::kCausal:
+      return j <= i + (sk - sq);
+    case MaskType::kInvCausal:
+      return j >= i;
+    case MaskType::kBiCausal:
+      return i <= j && j <= i + (sk - sq);
   }
   return false;
 }

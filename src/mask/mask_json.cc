@@ -45,7 +45,8 @@ std::string Mask::to_json() const {
     slices.push_back({{"q", {s.q.begin, s.q.end}},
                       {"k", {s.k.begin, s.k.end}},
                       {"type", mask_type_name(s.type)}});
-  json spec = {{"version", 1}, {"seqlen_q", seqlen_q_}, {"seqlen_k", seqlen_k_}, {"slices", slices}};
+  json spec = {
+      {"version", 1}, {"seqlen_q", seqlen_q_}, {"seqlen_k", seqlen_k_}, {"slices", slices}};
   return spec.dump();
 }
 
@@ -56,7 +57,8 @@ Mask Mask::from_json(const std::string& text) {
   } catch (const json::parse_error& e) {
     fail(std::string("not valid JSON: ") + e.what());
   }
-  if (!spec.is_object()) fail("top level is " + std::string(spec.type_name()) + ", expected an object");
+  if (!spec.is_object())
+    fail("top level is " + std::string(spec.type_name()) + ", expected an object");
   expect_keys(spec, {"version", "seqlen_q", "seqlen_k", "slices"}, "");
   const std::int64_t version = get_int(spec["version"], "version");
   if (version != 1) fail("version is " + std::to_string(version) + ", expected 1");
@@ -71,7 +73,8 @@ Mask Mask::from_json(const std::string& text) {
     const json& item = list[i];
     if (!item.is_object()) fail(where + "is " + item.dump() + ", expected an object");
     expect_keys(item, {"q", "k", "type"}, where);
-    if (!item["type"].is_string()) fail(where + "type is " + item["type"].dump() + ", expected a string");
+    if (!item["type"].is_string())
+      fail(where + "type is " + item["type"].dump() + ", expected a string");
     Slice s;
     s.q = get_range(item["q"], where + "q");
     s.k = get_range(item["k"], where + "k");

@@ -46,8 +46,10 @@ Mask causal(std::int64_t seqlen_q, std::int64_t seqlen_k) {
 }
 
 Mask batch(std::int64_t num_seqs, std::int64_t seqlen, MaskType type) {
-  if (num_seqs < 0) fail("flexcp::masks::batch: num_seqs is " + std::to_string(num_seqs) + ", expected >= 0");
-  if (seqlen < 0) fail("flexcp::masks::batch: seqlen is " + std::to_string(seqlen) + ", expected >= 0");
+  if (num_seqs < 0)
+    fail("flexcp::masks::batch: num_seqs is " + std::to_string(num_seqs) + ", expected >= 0");
+  if (seqlen < 0)
+    fail("flexcp::masks::batch: seqlen is " + std::to_string(seqlen) + ", expected >= 0");
   return varlen(Lengths(static_cast<std::size_t>(num_seqs), seqlen), type);
 }
 
@@ -62,8 +64,12 @@ Mask varlen(const Lengths& doc_lens, MaskType type) {
   return Mask(offset, offset, std::move(s));
 }
 
-Mask varlen_full(const Lengths& doc_lens) { return varlen(doc_lens, MaskType::kFull); }
-Mask varlen_causal(const Lengths& doc_lens) { return varlen(doc_lens, MaskType::kCausal); }
+Mask varlen_full(const Lengths& doc_lens) {
+  return varlen(doc_lens, MaskType::kFull);
+}
+Mask varlen_causal(const Lengths& doc_lens) {
+  return varlen(doc_lens, MaskType::kCausal);
+}
 
 Mask from_cu_seqlens(const Lengths& cu_q, const Lengths& cu_k, MaskType type) {
   const char* fn = "flexcp::masks::from_cu_seqlens: ";
@@ -102,7 +108,7 @@ Mask sliding_window(const Lengths& doc_lens, std::int64_t window, WindowKind kin
     // Upper part for the symmetric window: keys (q, q + w - 1], cut at the document's end.
     if (kind == WindowKind::kSymmetric && w >= 2) {
       if (n >= w) {
-        add(s, o, o + n - w + 1, o + 1, o + n, MaskType::kBiCausal);      // k in [q+1, q+w-1]
+        add(s, o, o + n - w + 1, o + 1, o + n, MaskType::kBiCausal);  // k in [q+1, q+w-1]
         add(s, o + n - w + 1, o + n - 1, o + n - w + 2, o + n, MaskType::kInvCausal);  // k > q
       } else {
         add(s, o, o + n - 1, o + 1, o + n, MaskType::kInvCausal);

@@ -23,7 +23,9 @@ struct Case {
 };
 
 // Small absolute slack on top of the 2x rule: the naive error can be ~0 on tiny outputs.
-double atol_for(DType dtype) { return dtype == DType::kFloat32 ? 2e-6 : 2e-4; }
+double atol_for(DType dtype) {
+  return dtype == DType::kFloat32 ? 2e-6 : 2e-4;
+}
 
 struct Run {
   Tensor q, k, v, dout, sink;
@@ -56,9 +58,9 @@ Tensor as_fp64(const Tensor& t) {
 }
 
 void check_case(const Case& c, const Mask& mask, std::mt19937_64& rng) {
-  SCOPED_TRACE(c.name + " tq=" + std::to_string(c.tq) + " tk=" + std::to_string(c.tk) + " hq=" +
-               std::to_string(c.hq) + " hk=" + std::to_string(c.hk) + " d=" + std::to_string(c.d) +
-               " dtype=" + dtype_name(c.dtype));
+  SCOPED_TRACE(c.name + " tq=" + std::to_string(c.tq) + " tk=" + std::to_string(c.tk) +
+               " hq=" + std::to_string(c.hq) + " hk=" + std::to_string(c.hk) +
+               " d=" + std::to_string(c.d) + " dtype=" + dtype_name(c.dtype));
   Run in = make_inputs(rng, c);
   const AttentionOptions& o = in.options;
 
@@ -73,7 +75,8 @@ void check_case(const Case& c, const Mask& mask, std::mt19937_64& rng) {
   forward(in.q.view, in.k.view, in.v.view, mask, out.view, lse.view, o);
   const double tol_out = 2 * test::max_abs_diff(naive_out, ref_out) + atol_for(c.dtype);
   EXPECT_LE(test::max_abs_diff(as_fp64(out), ref_out), tol_out);
-  EXPECT_LE(test::max_abs_diff(as_fp64(lse), ref_lse), 2 * test::max_abs_diff(naive_lse, ref_lse) + 1e-5);
+  EXPECT_LE(test::max_abs_diff(as_fp64(lse), ref_lse),
+            2 * test::max_abs_diff(naive_lse, ref_lse) + 1e-5);
   for (std::int64_t i = 0; i < ref_lse.numel(); ++i)
     if (std::isinf(ref_lse.get(i))) {  // a row that attends nothing: lse -inf and out exactly 0
       ASSERT_EQ(lse.get(i), -INFINITY);
@@ -94,14 +97,18 @@ void check_case(const Case& c, const Mask& mask, std::mt19937_64& rng) {
   test::naive_backward(in.dout.view, in.q.view, in.k.view, in.v.view, mask, o, c.dtype, naive_dq,
                        naive_dk, naive_dv);
 
-  Tensor dq(c.dtype, {c.tq, c.hq, c.d}), dk(c.dtype, {c.tk, c.hk, c.d}), dv(c.dtype, {c.tk, c.hk, c.d});
+  Tensor dq(c.dtype, {c.tq, c.hq, c.d}), dk(c.dtype, {c.tk, c.hk, c.d}),
+      dv(c.dtype, {c.tk, c.hk, c.d});
   Tensor dsink(DType::kFloat32, {c.hq});
   for (Tensor* t : {&dq, &dk, &dv, &dsink}) t->poison();
-  backward(in.dout.view, in.q.view, in.k.view, in.v.view, out.view, lse.view, mask, dq.view, dk.view,
-           dv.view, o, c.sink ? dsink.view : TensorView{});
-  EXPECT_LE(test::max_abs_diff(as_fp64(dq), ref_dq), 2 * test::max_abs_diff(naive_dq, ref_dq) + atol_for(c.dtype));
-  EXPECT_LE(test::max_abs_diff(as_fp64(dk), ref_dk), 2 * test::max_abs_diff(naive_dk, ref_dk) + atol_for(c.dtype));
-  EXPECT_LE(test::max_abs_diff(as_fp64(dv), ref_dv), 2 * test::max_abs_diff(naive_dv, ref_dv) + atol_for(c.dtype));
+  backward(in.dout.view, in.q.view, in.k.view, in.v.view, out.view, lse.view, mask, dq.view,
+           dk.view, dv.view, o, c.sink ? dsink.view : TensorView{});
+  EXPECT_LE(test::max_abs_diff(as_fp64(dq), ref_dq),
+            2 * test::max_abs_diff(naive_dq, ref_dq) + atol_for(c.dtype));
+  EXPECT_LE(test::max_abs_diff(as_fp64(dk), ref_dk),
+            2 * test::max_abs_diff(naive_dk, ref_dk) + atol_for(c.dtype));
+  EXPECT_LE(test::max_abs_diff(as_fp64(dv), ref_dv),
+            2 * test::max_abs_diff(naive_dv, ref_dv) + atol_for(c.dtype));
   if (c.sink) {
     // The naive dsink: -sum_q exp(sink - lse) <dout, out> from the naive forward's rounded out.
     for (std::int64_t h = 0; h < c.hq; ++h) {
@@ -114,12 +121,16 @@ void check_case(const Case& c, const Mask& mask, std::mt19937_64& rng) {
           delta += in.dout.get((x * c.hq + h) * c.d + d) * naive_out.get((x * c.hq + h) * c.d + d);
         naive -= std::exp(in.sink.get(h) - l) * delta;
       }
-      EXPECT_LE(std::abs(dsink.get(h) - ref_dsink.get(h)), 2 * std::abs(naive - ref_dsink.get(h)) + 1e-4) << "head " << h;
+      EXPECT_LE(std::abs(dsink.get(h) - ref_dsink.get(h)),
+                2 * std::abs(naive - ref_dsink.get(h)) + 1e-4)
+          << "head " << h;
     }
   }
 
-  Tensor dq2(c.dtype, {c.tq, c.hq, c.d}), dk2(c.dtype, {c.tk, c.hk, c.d}), dv2(c.dtype, {c.tk, c.hk, c.d});
-  backward(in.dout.view, in.q.view, in.k.view, in.v.view, out.view, lse.view, mask, dq2.view, dk2.view, dv2.view, o);
+  Tensor dq2(c.dtype, {c.tq, c.hq, c.d}), dk2(c.dtype, {c.tk, c.hk, c.d}),
+      dv2(c.dtype, {c.tk, c.hk, c.d});
+  backward(in.dout.view, in.q.view, in.k.view, in.v.view, out.view, lse.view, mask, dq2.view,
+           dk2.view, dv2.view, o);
   EXPECT_EQ(dq.bytes, dq2.bytes);
   EXPECT_EQ(dk.bytes, dk2.bytes);
   EXPECT_EQ(dv.bytes, dv2.bytes);
@@ -139,8 +150,10 @@ TEST(Attention, RandomMasksAwkwardSizesAndGqa) {
 
 TEST(Attention, LongRowsAtHeadDim128) {
   std::mt19937_64 rng(52);
-  check_case({"varlen-causal", 1023, 1023, 2, 1, 128}, masks::varlen_causal({300, 1, 600, 122}), rng);
-  check_case({"sliding", 700, 700, 2, 2, 128}, masks::sliding_window({500, 200}, 129, masks::WindowKind::kSymmetric), rng);
+  check_case({"varlen-causal", 1023, 1023, 2, 1, 128}, masks::varlen_causal({300, 1, 600, 122}),
+             rng);
+  check_case({"sliding", 700, 700, 2, 2, 128},
+             masks::sliding_window({500, 200}, 129, masks::WindowKind::kSymmetric), rng);
 }
 
 TEST(Attention, LowPrecisionInputs) {
@@ -154,14 +167,17 @@ TEST(Attention, LowPrecisionInputs) {
 TEST(Attention, SoftcapSinkAndScale) {
   std::mt19937_64 rng(54);
   check_case({"softcap", 200, 200, 2, 1, 64, DType::kFloat32, 5.0}, masks::causal(200, 200), rng);
-  check_case({"sink", 200, 170, 4, 2, 64, DType::kFloat32, 0.0, true}, test::random_mask(rng, 200, 170), rng);
-  check_case({"all", 150, 150, 4, 1, 64, DType::kBFloat16, 3.0, true, 0.3}, masks::sliding_window({150}, 17, masks::WindowKind::kCausal), rng);
+  check_case({"sink", 200, 170, 4, 2, 64, DType::kFloat32, 0.0, true},
+             test::random_mask(rng, 200, 170), rng);
+  check_case({"all", 150, 150, 4, 1, 64, DType::kBFloat16, 3.0, true, 0.3},
+             masks::sliding_window({150}, 17, masks::WindowKind::kCausal), rng);
 }
 
 TEST(Attention, FullyMaskedRowsAndEmptyMasks) {
   std::mt19937_64 rng(55);
   // Rows 40..89 and every key past 120 are attended by nobody.
-  const Mask holes(130, 150, {{{0, 40}, {0, 60}, MaskType::kCausal}, {{90, 130}, {10, 120}, MaskType::kFull}});
+  const Mask holes(
+      130, 150, {{{0, 40}, {0, 60}, MaskType::kCausal}, {{90, 130}, {10, 120}, MaskType::kFull}});
   check_case({"holes", 130, 150, 2, 1, 64}, holes, rng);
   check_case({"holes-sink", 130, 150, 2, 1, 64, DType::kFloat32, 0.0, true}, holes, rng);
   check_case({"empty", 50, 60, 2, 2, 64}, Mask(50, 60, {}), rng);
@@ -189,9 +205,10 @@ TEST(Attention, ReferenceGradientsMatchFiniteDifferences) {
     for (std::int64_t i = 0; i < out.numel(); ++i) l += out.get(i) * dout.get(i);
     return l;
   };
-  Tensor dq(DType::kFloat64, {tq, hq, d}), dk(DType::kFloat64, {tk, hk, d}), dv(DType::kFloat64, {tk, hk, d}),
-      dsink(DType::kFloat64, {hq});
-  reference_backward(dout.view, q.view, k.view, v.view, mask, dq.view, dk.view, dv.view, o, dsink.view);
+  Tensor dq(DType::kFloat64, {tq, hq, d}), dk(DType::kFloat64, {tk, hk, d}),
+      dv(DType::kFloat64, {tk, hk, d}), dsink(DType::kFloat64, {hq});
+  reference_backward(dout.view, q.view, k.view, v.view, mask, dq.view, dk.view, dv.view, o,
+                     dsink.view);
   const double eps = 1e-6;
   for (auto [x, g] : {std::pair{&q, &dq}, {&k, &dk}, {&v, &dv}})
     for (std::int64_t i = 0; i < x->numel(); ++i) {
@@ -221,7 +238,8 @@ TEST(Attention, StridedInputsAndOutputs) {
   const std::int64_t t = 97, h = 2, d = 64;
   Tensor qkv = test::random_tensor(rng, DType::kFloat32, {t, 3, h, d});
   auto part = [&](int which) {
-    TensorView view = make_view(static_cast<float*>(qkv.view.data) + which * h * d, DType::kFloat32, {t, h, d});
+    TensorView view =
+        make_view(static_cast<float*>(qkv.view.data) + which * h * d, DType::kFloat32, {t, h, d});
     view.strides[0] = 3 * h * d;
     return view;
   };

@@ -13,7 +13,8 @@ namespace {
 using test::Tensor;
 
 struct Fixture {
-  Tensor q{DType::kFloat32, {8, 4, 16}}, k{DType::kFloat32, {10, 2, 16}}, v{DType::kFloat32, {10, 2, 16}};
+  Tensor q{DType::kFloat32, {8, 4, 16}}, k{DType::kFloat32, {10, 2, 16}},
+      v{DType::kFloat32, {10, 2, 16}};
   Tensor out{DType::kFloat32, {8, 4, 16}}, lse{DType::kFloat32, {8, 4}};
   Mask mask = masks::causal(8, 10);
   Fixture() {
@@ -35,15 +36,19 @@ std::string error_of(const std::function<void()>& fn, Status want = Status::kInv
 TEST(Errors, ForwardShapeDtypeAndDeviceMistakes) {
   Fixture f;
   auto fwd = [&](TensorView q, TensorView k, TensorView v, TensorView out, TensorView lse,
-                 AttentionOptions o = {}) { return error_of([&] { forward(q, k, v, f.mask, out, lse, o); }); };
+                 AttentionOptions o = {}) {
+    return error_of([&] { forward(q, k, v, f.mask, out, lse, o); });
+  };
   TensorView q2 = f.q.view;
   q2.ndim = 2;
-  EXPECT_EQ(fwd(q2, f.k.view, f.v.view, f.out.view, f.lse.view), "flexcp::forward: q has 2 dims, expected [Tq, Hq, D]");
+  EXPECT_EQ(fwd(q2, f.k.view, f.v.view, f.out.view, f.lse.view),
+            "flexcp::forward: q has 2 dims, expected [Tq, Hq, D]");
   Tensor k3(DType::kFloat32, {10, 3, 16});
   EXPECT_EQ(fwd(f.q.view, k3.view, f.v.view, f.out.view, f.lse.view),
             "flexcp::forward: q has 4 heads and k 3, expected Hq to be a multiple of Hk");
   Tensor kb(DType::kBFloat16, {10, 2, 16});
-  EXPECT_EQ(fwd(f.q.view, kb.view, f.v.view, f.out.view, f.lse.view), "flexcp::forward: k has dtype bf16, expected fp32");
+  EXPECT_EQ(fwd(f.q.view, kb.view, f.v.view, f.out.view, f.lse.view),
+            "flexcp::forward: k has dtype bf16, expected fp32");
   Tensor q9(DType::kFloat32, {9, 4, 16});
   EXPECT_EQ(fwd(q9.view, f.k.view, f.v.view, f.out.view, f.lse.view),
             "flexcp::forward: q has 9 tokens but the mask has seqlen_q 8");
@@ -54,7 +59,8 @@ TEST(Errors, ForwardShapeDtypeAndDeviceMistakes) {
   EXPECT_EQ(fwd(f.q.view, f.k.view, f.v.view, f.out.view, lse_bad.view),
             "flexcp::forward: lse has shape [8, 3], expected dim 1 to be 4 (heads of q)");
   Tensor out_bf(DType::kBFloat16, {8, 4, 16});
-  EXPECT_EQ(fwd(f.q.view, f.k.view, f.v.view, out_bf.view, f.lse.view), "flexcp::forward: out has dtype bf16, expected fp32");
+  EXPECT_EQ(fwd(f.q.view, f.k.view, f.v.view, out_bf.view, f.lse.view),
+            "flexcp::forward: out has dtype bf16, expected fp32");
   // Output aliasing an input would destroy what the user passed.
   EXPECT_EQ(fwd(f.q.view, f.k.view, f.v.view, f.q.view, f.lse.view),
             "flexcp::forward: out overlaps q in memory; outputs need their own buffers");
@@ -73,7 +79,8 @@ TEST(Errors, ForwardShapeDtypeAndDeviceMistakes) {
             "flexcp::forward: sink has shape [3], expected dim 0 to be 4 (heads of q)");
   TensorView kdev = f.k.view;
   kdev.device = Device::kCuda;
-  EXPECT_EQ(fwd(f.q.view, kdev, f.v.view, f.out.view, f.lse.view), "flexcp::forward: k is on another device than q");
+  EXPECT_EQ(fwd(f.q.view, kdev, f.v.view, f.out.view, f.lse.view),
+            "flexcp::forward: k is on another device than q");
   // Nothing above wrote to out.
   for (std::int64_t i = 0; i < f.out.numel(); ++i) ASSERT_TRUE(std::isnan(f.out.get(i)));
 }
@@ -81,19 +88,23 @@ TEST(Errors, ForwardShapeDtypeAndDeviceMistakes) {
 TEST(Errors, BackwardMistakes) {
   Fixture f;
   forward(f.q.view, f.k.view, f.v.view, f.mask, f.out.view, f.lse.view);
-  Tensor dout(DType::kFloat32, {8, 4, 16}), dq(DType::kFloat32, {8, 4, 16}), dk(DType::kFloat32, {10, 2, 16}),
-      dv(DType::kFloat32, {10, 2, 16}), dsink(DType::kFloat32, {4});
+  Tensor dout(DType::kFloat32, {8, 4, 16}), dq(DType::kFloat32, {8, 4, 16}),
+      dk(DType::kFloat32, {10, 2, 16}), dv(DType::kFloat32, {10, 2, 16}),
+      dsink(DType::kFloat32, {4});
   EXPECT_EQ(error_of([&] {
-              backward(dout.view, f.q.view, f.k.view, f.v.view, f.out.view, f.lse.view, f.mask, dq.view, dk.view, dk.view);
+              backward(dout.view, f.q.view, f.k.view, f.v.view, f.out.view, f.lse.view, f.mask,
+                       dq.view, dk.view, dk.view);
             }),
             "flexcp::backward: dk overlaps dv in memory; outputs need their own buffers");
   EXPECT_EQ(error_of([&] {
-              backward(dout.view, f.q.view, f.k.view, f.v.view, f.out.view, f.lse.view, f.mask, dq.view, dk.view, dv.view, {}, dsink.view);
+              backward(dout.view, f.q.view, f.k.view, f.v.view, f.out.view, f.lse.view, f.mask,
+                       dq.view, dk.view, dv.view, {}, dsink.view);
             }),
             "flexcp::backward: dsink was given but the options carry no sink");
   Tensor dq_short(DType::kFloat32, {8, 4, 8});
   EXPECT_EQ(error_of([&] {
-              backward(dout.view, f.q.view, f.k.view, f.v.view, f.out.view, f.lse.view, f.mask, dq_short.view, dk.view, dv.view);
+              backward(dout.view, f.q.view, f.k.view, f.v.view, f.out.view, f.lse.view, f.mask,
+                       dq_short.view, dk.view, dv.view);
             }),
             "flexcp::backward: dq has shape [8, 4, 8], expected [8, 4, 16]");
 }
@@ -102,7 +113,8 @@ TEST(Errors, CudaTensorsWithoutACudaKernelSayNotCompiled) {
   Fixture f;
   TensorView q = f.q.view, k = f.k.view, v = f.v.view, out = f.out.view, lse = f.lse.view;
   for (TensorView* t : {&q, &k, &v, &out, &lse}) t->device = Device::kCuda;
-  const std::string msg = error_of([&] { forward(q, k, v, f.mask, out, lse); }, Status::kNotCompiled);
+  const std::string msg =
+      error_of([&] { forward(q, k, v, f.mask, out, lse); }, Status::kNotCompiled);
   EXPECT_NE(msg.find("flexcp::forward: no CUDA kernel"), std::string::npos) << msg;
 }
 

@@ -53,7 +53,9 @@ TEST(WorkList, EveryAttendedPairIsComputedExactlyOnce) {
       ASSERT_EQ(area, mask.area());
       // Every tile once, busiest first.
       std::vector<std::int32_t> order = list.tile_order;
-      ASSERT_TRUE(std::is_sorted(order.begin(), order.end(), [&](auto a, auto b) { return list.tile_area[a] > list.tile_area[b]; }));
+      ASSERT_TRUE(std::is_sorted(order.begin(), order.end(), [&](auto a, auto b) {
+        return list.tile_area[a] > list.tile_area[b];
+      }));
       std::sort(order.begin(), order.end());
       for (std::int64_t t = 0; t < list.num_tiles(); ++t) ASSERT_EQ(order[t], t);
       // Unmasked intervals are whole blocks.

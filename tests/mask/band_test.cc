@@ -33,7 +33,8 @@ TEST(Band, SliceBandMatchesDefinitionForEveryShape) {
               for (std::int64_t k = 0; k < 8; ++k) {
                 const bool want = slice_attends(s, q, k);
                 count += want;
-                ASSERT_EQ(b.contains(q, k), want) << mask_type_name(s.type) << " q" << qb << "-" << qe << " k" << kb << "-" << ke;
+                ASSERT_EQ(b.contains(q, k), want)
+                    << mask_type_name(s.type) << " q" << qb << "-" << qe << " k" << kb << "-" << ke;
                 ASSERT_EQ(t.contains(q, k), want);
               }
             ASSERT_EQ(slice_area(s), count);
@@ -97,7 +98,9 @@ TEST(Band, TileSpanMatchesBruteForce) {
     std::int64_t lo = kN, hi = 0, rows_lo = kN, rows_hi = -1;
     for (std::int64_t x = r0; x < r1; ++x)
       for (std::int64_t y = 0; y < kN; ++y)
-        if (b.contains(x, y)) lo = std::min(lo, y), hi = std::max(hi, y + 1), rows_lo = std::min(rows_lo, x), rows_hi = std::max(rows_hi, x);
+        if (b.contains(x, y))
+          lo = std::min(lo, y), hi = std::max(hi, y + 1), rows_lo = std::min(rows_lo, x),
+          rows_hi = std::max(rows_hi, x);
     if (rows_hi < 0) {
       ASSERT_EQ(span.rows_begin, span.rows_end);
       continue;

@@ -39,19 +39,29 @@ TEST(MaskJson, RejectsBadSpecsWithPreciseMessages) {
   const std::string head = R"({"version": 1, "seqlen_q": 16, "seqlen_k": 16, "slices": )";
   EXPECT_EQ(json_error(head + R"([{"q": [0, 4], "k": [0, 4], "type": "causal", "color": 1}]})"),
             "mask spec: slice 0: unknown key \"color\"");
-  EXPECT_EQ(json_error(head + R"([{"q": [0, 4], "k": [0, 4]}]})"), "mask spec: slice 0: missing key \"type\"");
-  EXPECT_EQ(json_error(head + R"([{"q": [0, 4], "k": [0, 4], "type": "full"}, {"q": [0, "4"], "k": [0, 4], "type": "full"}]})"),
-            "mask spec: slice 1: q[1] is \"4\", expected an integer");
+  EXPECT_EQ(json_error(head + R"([{"q": [0, 4], "k": [0, 4]}]})"),
+            "mask spec: slice 0: missing key \"type\"");
+  EXPECT_EQ(
+      json_error(
+          head +
+          R"([{"q": [0, 4], "k": [0, 4], "type": "full"}, {"q": [0, "4"], "k": [0, 4], "type": "full"}]})"),
+      "mask spec: slice 1: q[1] is \"4\", expected an integer");
   EXPECT_EQ(json_error(head + R"([{"q": [0, 4, 5], "k": [0, 4], "type": "full"}]})"),
             "mask spec: slice 0: q is [0,4,5], expected [begin, end]");
   EXPECT_EQ(json_error(head + R"([{"q": [0, 4], "k": [0, 4], "type": "sideways"}]})"),
-            "mask spec: slice 0: mask type 'sideways' is unknown; expected full, causal, inv_causal or bi_causal");
+            "mask spec: slice 0: mask type 'sideways' is unknown; expected full, causal, "
+            "inv_causal or bi_causal");
   EXPECT_EQ(json_error(head + R"([{"q": [0, 4], "k": [0, 17], "type": "full"}]})"),
             "mask spec: slice 0: k_range [0, 17) ends past seqlen_k 16");
-  EXPECT_EQ(json_error(head + R"([{"q": [0, 4], "k": [0, 4], "type": "full"}, {"q": [3, 5], "k": [3, 5], "type": "full"}]})"),
-            "mask spec: slices 0 and 1 both cover the pair (q=3, k=3); a mask's slices must not overlap");
-  EXPECT_EQ(json_error(R"({"version": 2, "seqlen_q": 1, "seqlen_k": 1, "slices": []})"), "mask spec: version is 2, expected 1");
-  EXPECT_EQ(json_error(R"({"version": 1, "seqlen_q": 1, "slices": []})"), "mask spec: missing key \"seqlen_k\"");
+  EXPECT_EQ(
+      json_error(
+          head +
+          R"([{"q": [0, 4], "k": [0, 4], "type": "full"}, {"q": [3, 5], "k": [3, 5], "type": "full"}]})"),
+      "mask spec: slices 0 and 1 both cover the pair (q=3, k=3); a mask's slices must not overlap");
+  EXPECT_EQ(json_error(R"({"version": 2, "seqlen_q": 1, "seqlen_k": 1, "slices": []})"),
+            "mask spec: version is 2, expected 1");
+  EXPECT_EQ(json_error(R"({"version": 1, "seqlen_q": 1, "slices": []})"),
+            "mask spec: missing key \"seqlen_k\"");
   EXPECT_EQ(json_error("[1, 2]"), "mask spec: top level is array, expected an object");
   EXPECT_NE(json_error("{\"version\": "), "");
   EXPECT_EQ(json_error("{\"version\": ").rfind("mask spec: not valid JSON", 0), 0u);

@@ -1,5 +1,5 @@
-#include <gtest/gtest.h>
 #include <gmock/gmock.h>
+#include <gtest/gtest.h>
 
 #include <random>
 
@@ -37,7 +37,8 @@ TEST(Mask, ValidationFindsExactlyTheOverlappingSets) {
       std::int64_t d = std::uniform_int_distribution<std::int64_t>(0, tk)(rng);
       if (a > b) std::swap(a, b);
       if (c > d) std::swap(c, d);
-      slices.push_back({{a, b}, {c, d}, static_cast<MaskType>(std::uniform_int_distribution<int>(0, 3)(rng))});
+      slices.push_back(
+          {{a, b}, {c, d}, static_cast<MaskType>(std::uniform_int_distribution<int>(0, 3)(rng))});
     }
     const auto pairs = test::enumerate_pairs(slices, tq, tk);
     const bool overlap = std::any_of(pairs.begin(), pairs.end(), [](char c) { return c > 1; });
@@ -50,7 +51,10 @@ TEST(Mask, ValidationFindsExactlyTheOverlappingSets) {
     ++rejected;
     std::size_t i = 0, j = 0;
     long long q = 0, k = 0;
-    ASSERT_EQ(std::sscanf(err.c_str(), "slices %zu and %zu both cover the pair (q=%lld, k=%lld)", &i, &j, &q, &k), 4) << err;
+    ASSERT_EQ(std::sscanf(err.c_str(), "slices %zu and %zu both cover the pair (q=%lld, k=%lld)",
+                          &i, &j, &q, &k),
+              4)
+        << err;
     ASSERT_LT(i, j);
     ASSERT_TRUE(slice_attends(slices[i], q, k)) << err;
     ASSERT_TRUE(slice_attends(slices[j], q, k)) << err;
@@ -63,15 +67,20 @@ TEST(Mask, DisjointCellsWithOverlappingBoxesAreAccepted) {
   // Causal and the strict upper band of one square share a bounding box but no pair.
   const Mask m(8, 8, {{{0, 8}, {0, 8}, MaskType::kCausal}, {{0, 7}, {1, 8}, MaskType::kInvCausal}});
   EXPECT_EQ(m.area(), 64);
-  EXPECT_THAT(error_of(8, 8, {{{0, 8}, {0, 8}, MaskType::kCausal}, {{0, 8}, {0, 8}, MaskType::kInvCausal}}),
-              HasSubstr("slices 0 and 1 both cover the pair (q=0, k=0)"));
+  EXPECT_THAT(
+      error_of(8, 8, {{{0, 8}, {0, 8}, MaskType::kCausal}, {{0, 8}, {0, 8}, MaskType::kInvCausal}}),
+      HasSubstr("slices 0 and 1 both cover the pair (q=0, k=0)"));
 }
 
 TEST(Mask, RangeErrorsNameSliceAndBound) {
-  EXPECT_EQ(error_of(1024, 1024, {{{0, 10}, {0, 10}, MaskType::kFull}, {{0, 10}, {900, 1200}, MaskType::kFull}}),
-            "slice 1: k_range [900, 1200) ends past seqlen_k 1024");
-  EXPECT_EQ(error_of(16, 16, {{{-1, 3}, {0, 4}, MaskType::kFull}}), "slice 0: q_range [-1, 3) starts before 0");
-  EXPECT_EQ(error_of(16, 16, {{{5, 3}, {0, 4}, MaskType::kFull}}), "slice 0: q_range [5, 3) ends before it begins");
+  EXPECT_EQ(
+      error_of(1024, 1024,
+               {{{0, 10}, {0, 10}, MaskType::kFull}, {{0, 10}, {900, 1200}, MaskType::kFull}}),
+      "slice 1: k_range [900, 1200) ends past seqlen_k 1024");
+  EXPECT_EQ(error_of(16, 16, {{{-1, 3}, {0, 4}, MaskType::kFull}}),
+            "slice 0: q_range [-1, 3) starts before 0");
+  EXPECT_EQ(error_of(16, 16, {{{5, 3}, {0, 4}, MaskType::kFull}}),
+            "slice 0: q_range [5, 3) ends before it begins");
   EXPECT_EQ(error_of(-2, 16, {}), "seqlen_q is -2, expected >= 0");
 }
 
@@ -90,8 +99,10 @@ TEST(Mask, AreaAndAttendsMatchEnumerationOnRandomMasks) {
       }
     ASSERT_EQ(m.area(), total);
     for (int r = 0; r < 20; ++r) {
-      std::int64_t q0 = std::uniform_int_distribution<std::int64_t>(0, tq)(rng), q1 = std::uniform_int_distribution<std::int64_t>(0, tq)(rng);
-      std::int64_t k0 = std::uniform_int_distribution<std::int64_t>(0, tk)(rng), k1 = std::uniform_int_distribution<std::int64_t>(0, tk)(rng);
+      std::int64_t q0 = std::uniform_int_distribution<std::int64_t>(0, tq)(rng),
+                   q1 = std::uniform_int_distribution<std::int64_t>(0, tq)(rng);
+      std::int64_t k0 = std::uniform_int_distribution<std::int64_t>(0, tk)(rng),
+                   k1 = std::uniform_int_distribution<std::int64_t>(0, tk)(rng);
       if (q0 > q1) std::swap(q0, q1);
       if (k0 > k1) std::swap(k0, k1);
       std::int64_t want = 0;
@@ -107,10 +118,12 @@ TEST(Mask, ValidatesManySlicesAndCatchesOneOverlapAmongThem) {
   // end overlaps its neighbour and must be named.
   std::vector<Slice> slices;
   const std::int64_t n = 200000, len = 8;
-  for (std::int64_t d = 0; d < n; ++d) slices.push_back({{d * len, (d + 1) * len}, {d * len, (d + 1) * len}, MaskType::kCausal});
+  for (std::int64_t d = 0; d < n; ++d)
+    slices.push_back({{d * len, (d + 1) * len}, {d * len, (d + 1) * len}, MaskType::kCausal});
   EXPECT_EQ(Mask(n * len, n * len, slices).area(), n * len * (len + 1) / 2);
   slices.push_back({{len * 77, len * 77 + 1}, {len * 77, len * 77 + 1}, MaskType::kFull});
-  EXPECT_THAT(error_of(n * len, n * len, slices), HasSubstr("slices 77 and 200000 both cover the pair (q=616, k=616)"));
+  EXPECT_THAT(error_of(n * len, n * len, slices),
+              HasSubstr("slices 77 and 200000 both cover the pair (q=616, k=616)"));
 }
 
 TEST(Mask, TypeNamesRoundTrip) {

@@ -64,7 +64,8 @@ TEST(Masks, DocumentMasksOnRandomLengths) {
     const std::int64_t t = d.total();
     const std::int64_t w = std::uniform_int_distribution<std::int64_t>(1, 6)(rng);
     expect_mask(masks::varlen_full(lens), t, t, [&](auto q, auto k) { return d.same(q, k); });
-    expect_mask(masks::varlen_causal(lens), t, t, [&](auto q, auto k) { return d.same(q, k) && k <= q; });
+    expect_mask(masks::varlen_causal(lens), t, t,
+                [&](auto q, auto k) { return d.same(q, k) && k <= q; });
     expect_mask(masks::sliding_window(lens, w, masks::WindowKind::kCausal), t, t,
                 [&](auto q, auto k) { return d.same(q, k) && k <= q && k > q - w; });
     expect_mask(masks::sliding_window(lens, w, masks::WindowKind::kSymmetric), t, t,
@@ -80,11 +81,12 @@ TEST(Masks, DocumentMasksOnRandomLengths) {
     });
     const std::int64_t question = std::uniform_int_distribution<std::int64_t>(0, 9)(rng);
     const Docs a(lens);
-    expect_mask(masks::shared_question(question, lens), question + t, question + t, [&](auto q, auto k) {
-      if (q < question) return k <= q;
-      if (k < question) return true;
-      return a.same(q - question, k - question) && k <= q;
-    });
+    expect_mask(masks::shared_question(question, lens), question + t, question + t,
+                [&](auto q, auto k) {
+                  if (q < question) return k <= q;
+                  if (k < question) return true;
+                  return a.same(q - question, k - question) && k <= q;
+                });
   }
 }
 
@@ -99,11 +101,15 @@ TEST(Masks, BadArgumentsAreNamed) {
   };
   EXPECT_EQ(message([] { masks::sliding_window({4}, 0, masks::WindowKind::kCausal); }),
             "flexcp::masks::sliding_window: window is 0, expected >= 1");
-  EXPECT_EQ(message([] { masks::varlen_causal({3, -1}); }),
+  EXPECT_EQ(message([] {
+              masks::varlen_causal({3, -1});
+            }),
             "flexcp::masks::varlen: doc_lens[1] is -1, expected >= 0");
   EXPECT_EQ(message([] { masks::prefix_lm({3}, {4}); }),
             "flexcp::masks::prefix_lm: prefix_lens[0] is 4, longer than its document (3)");
-  EXPECT_EQ(message([] { masks::from_cu_seqlens({0, 4, 2}, {0, 1, 2}, MaskType::kFull); }),
+  EXPECT_EQ(message([] {
+              masks::from_cu_seqlens({0, 4, 2}, {0, 1, 2}, MaskType::kFull);
+            }),
             "flexcp::masks::from_cu_seqlens: cu_seqlens_q[2] is 2, below the previous entry 4");
 }
 

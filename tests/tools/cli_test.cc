@@ -34,8 +34,9 @@ Result run_cli(const std::string& args) {
 class Cli : public ::testing::Test {
  protected:
   void SetUp() override {
-    dir_ = fs::temp_directory_path() / ("flexcp_cli_" + std::to_string(::getpid()) + "_" +
-                                        ::testing::UnitTest::GetInstance()->current_test_info()->name());
+    dir_ = fs::temp_directory_path() /
+           ("flexcp_cli_" + std::to_string(::getpid()) + "_" +
+            ::testing::UnitTest::GetInstance()->current_test_info()->name());
     fs::create_directories(dir_);
   }
   void TearDown() override { fs::remove_all(dir_); }
@@ -55,24 +56,32 @@ TEST_F(Cli, AttnForwardAndBackwardMatchTheReference) {
   const std::int64_t tq = 150, tk = 170, hq = 4, hk = 2, d = 32;
   const Mask mask = test::random_mask(rng, tq, tk);
   mask.write_json_file(path("mask.json"));
-  test::Tensor q = test::random_tensor(rng, DType::kFloat32, {tq, hq, d}), k = test::random_tensor(rng, DType::kFloat32, {tk, hk, d}),
-               v = test::random_tensor(rng, DType::kFloat32, {tk, hk, d}), dout = test::random_tensor(rng, DType::kFloat32, {tq, hq, d});
+  test::Tensor q = test::random_tensor(rng, DType::kFloat32, {tq, hq, d}),
+               k = test::random_tensor(rng, DType::kFloat32, {tk, hk, d}),
+               v = test::random_tensor(rng, DType::kFloat32, {tk, hk, d}),
+               dout = test::random_tensor(rng, DType::kFloat32, {tq, hq, d});
   save(path("q.npy"), q);
   save(path("k.npy"), k);
   save(path("v.npy"), v);
   save(path("do.npy"), dout);
-  const Result r = run_cli("attn --mask-file " + path("mask.json") + " --q " + path("q.npy") + " --k " + path("k.npy") +
-                           " --v " + path("v.npy") + " --out " + path("out.npy") + " --lse " + path("lse.npy") + " --dout " +
-                           path("do.npy") + " --dq " + path("dq.npy") + " --dk " + path("dk.npy") + " --dv " + path("dv.npy") +
-                           " --softcap 4");
+  const Result r =
+      run_cli("attn --mask-file " + path("mask.json") + " --q " + path("q.npy") + " --k " +
+              path("k.npy") + " --v " + path("v.npy") + " --out " + path("out.npy") + " --lse " +
+              path("lse.npy") + " --dout " + path("do.npy") + " --dq " + path("dq.npy") + " --dk " +
+              path("dk.npy") + " --dv " + path("dv.npy") + " --softcap 4");
   ASSERT_EQ(r.code, 0) << r.output;
   AttentionOptions o;
   o.softcap = 4;
-  test::Tensor ref(DType::kFloat64, {tq, hq, d}), ref_lse(DType::kFloat64, {tq, hq}), dq(DType::kFloat64, {tq, hq, d}),
-      dk(DType::kFloat64, {tk, hk, d}), dv(DType::kFloat64, {tk, hk, d});
+  test::Tensor ref(DType::kFloat64, {tq, hq, d}), ref_lse(DType::kFloat64, {tq, hq}),
+      dq(DType::kFloat64, {tq, hq, d}), dk(DType::kFloat64, {tk, hk, d}),
+      dv(DType::kFloat64, {tk, hk, d});
   reference_forward(q.view, k.view, v.view, mask, ref.view, ref_lse.view, o);
   reference_backward(dout.view, q.view, k.view, v.view, mask, dq.view, dk.view, dv.view, o);
-  for (auto [file, want] : {std::pair{"out.npy", &ref}, {"lse.npy", &ref_lse}, {"dq.npy", &dq}, {"dk.npy", &dk}, {"dv.npy", &dv}}) {
+  for (auto [file, want] : {std::pair{"out.npy", &ref},
+                            {"lse.npy", &ref_lse},
+                            {"dq.npy", &dq},
+                            {"dk.npy", &dk},
+                            {"dv.npy", &dv}}) {
     const tools::NpyArray got = tools::read_npy(path(file));
     ASSERT_EQ(static_cast<std::int64_t>(got.data.size()), want->numel()) << file;
     for (std::size_t i = 0; i < got.data.size(); ++i) {
@@ -99,20 +108,23 @@ TEST_F(Cli, BadInputsFailWithMessages) {
     f64 << std::string("\x93NUMPY\x01\x00", 8) << static_cast<char>(header.size()) << '\0' << header
         << std::string(16, '\0');
   }
-  const std::string io = " --q " + path("q.npy") + " --k " + path("k.npy") + " --v " + path("k.npy") + " --out " +
-                         path("o.npy") + " --lse " + path("l.npy");
+  const std::string io = " --q " + path("q.npy") + " --k " + path("k.npy") + " --v " +
+                         path("k.npy") + " --out " + path("o.npy") + " --lse " + path("l.npy");
   Result r = run_cli("attn --mask-file " + path("overlap.json") + io);
   EXPECT_EQ(r.code, 2);
-  EXPECT_NE(r.output.find("slices 0 and 1 both cover the pair (q=0, k=0)"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("slices 0 and 1 both cover the pair (q=0, k=0)"), std::string::npos)
+      << r.output;
   r = run_cli("attn --mask causal --seqlen 9" + io);
   EXPECT_EQ(r.code, 2);
-  EXPECT_NE(r.output.find("flexcp::forward: q has 8 tokens but the mask has seqlen_q 9"), std::string::npos) << r.output;
-  r = run_cli("attn --mask causal --seqlen 8 --q " + path("q.npy") + " --k " + path("k2d.npy") + " --v " + path("k.npy") +
-              " --out " + path("o.npy") + " --lse " + path("l.npy"));
+  EXPECT_NE(r.output.find("flexcp::forward: q has 8 tokens but the mask has seqlen_q 9"),
+            std::string::npos)
+      << r.output;
+  r = run_cli("attn --mask causal --seqlen 8 --q " + path("q.npy") + " --k " + path("k2d.npy") +
+              " --v " + path("k.npy") + " --out " + path("o.npy") + " --lse " + path("l.npy"));
   EXPECT_EQ(r.code, 2);
   EXPECT_NE(r.output.find("k2d.npy has 2 dims, expected 3"), std::string::npos) << r.output;
-  r = run_cli("attn --mask causal --seqlen 8 --q " + path("f64.npy") + " --k " + path("k.npy") + " --v " + path("k.npy") +
-              " --out " + path("o.npy") + " --lse " + path("l.npy"));
+  r = run_cli("attn --mask causal --seqlen 8 --q " + path("f64.npy") + " --k " + path("k.npy") +
+              " --v " + path("k.npy") + " --out " + path("o.npy") + " --lse " + path("l.npy"));
   EXPECT_EQ(r.code, 2);
   EXPECT_NE(r.output.find("dtype is <f8, expected float32"), std::string::npos) << r.output;
   r = run_cli("attn --mask causal --seqlen 8 --device cuda" + io);
@@ -120,7 +132,9 @@ TEST_F(Cli, BadInputsFailWithMessages) {
   EXPECT_NE(r.output.find("not compiled"), std::string::npos) << r.output;
   r = run_cli("attn --mask varlen-causal --seqlen 8" + io);
   EXPECT_EQ(r.code, 2);
-  EXPECT_NE(r.output.find("--mask varlen-causal needs --doc-lens FILE or --doc-len N"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("--mask varlen-causal needs --doc-lens FILE or --doc-len N"),
+            std::string::npos)
+      << r.output;
   r = run_cli("bench --mask nonsense --seqlen 8");
   EXPECT_NE(r.code, 0);
   EXPECT_NE(r.output.find("--mask"), std::string::npos) << r.output;
@@ -128,7 +142,9 @@ TEST_F(Cli, BadInputsFailWithMessages) {
 }
 
 TEST_F(Cli, MaskDrawsSvg) {
-  const Result r = run_cli("mask --mask sliding-window-symmetric --seqlen 3000 --doc-len 700 --window 100 --out " + path("m.svg"));
+  const Result r = run_cli(
+      "mask --mask sliding-window-symmetric --seqlen 3000 --doc-len 700 --window 100 --out " +
+      path("m.svg"));
   ASSERT_EQ(r.code, 0) << r.output;
   std::ifstream in(path("m.svg"));
   const std::string svg((std::istreambuf_iterator<char>(in)), {});
@@ -141,7 +157,9 @@ TEST_F(Cli, MaskDrawsSvg) {
 }
 
 TEST_F(Cli, BenchPrintsJsonAndRunChecksItself) {
-  Result r = run_cli("bench --mask causal --seqlen 300 --heads 2 --heads-kv 1 --head-dim 64 --dtype fp32 --backward --json --repeat 1");
+  Result r = run_cli(
+      "bench --mask causal --seqlen 300 --heads 2 --heads-kv 1 --head-dim 64 --dtype fp32 "
+      "--backward --json --repeat 1");
   ASSERT_EQ(r.code, 0) << r.output;
   const auto j = nlohmann::json::parse(r.output);
   ASSERT_EQ(j.size(), 2u);
@@ -149,7 +167,8 @@ TEST_F(Cli, BenchPrintsJsonAndRunChecksItself) {
   EXPECT_EQ(j[1]["direction"], "bwd");
   EXPECT_EQ(j[0]["area"], 300 * 301 / 2);
   EXPECT_GT(j[0]["tflops"].get<double>(), 0.0);
-  r = run_cli(std::string("run --seqlen 2048 --heads 2 --heads-kv 1 --head-dim 64 --doc-lens ") + FLEXCP_DOCLENS_PATH);
+  r = run_cli(std::string("run --seqlen 2048 --heads 2 --heads-kv 1 --head-dim 64 --doc-lens ") +
+              FLEXCP_DOCLENS_PATH);
   ASSERT_EQ(r.code, 0) << r.output;
   EXPECT_NE(r.output.find("against the float64 reference"), std::string::npos) << r.output;
   EXPECT_NE(r.output.find(") ok"), std::string::npos) << r.output;

@@ -31,15 +31,19 @@ HostTensor load(const std::string& path, DType dtype, int ndim, const char* name
   return t;
 }
 
-void save(const std::string& path, const HostTensor& t) { write_npy(path, t.shape(), t.to_float().data()); }
+void save(const std::string& path, const HostTensor& t) {
+  write_npy(path, t.shape(), t.to_float().data());
+}
 
 void run_attn(const AttnArgs& a) {
   if (a.device != "cpu")
-    throw Error(Status::kNotCompiled, "flexcp attn: --device " + a.device +
-                                          ": no kernel for this device is compiled into this build");
+    throw Error(Status::kNotCompiled,
+                "flexcp attn: --device " + a.device +
+                    ": no kernel for this device is compiled into this build");
   const DType dtype = parse_dtype(a.dtype);
   const Mask mask = build_mask(a.mask);
-  HostTensor q = load(a.q, dtype, 3, "q"), k = load(a.k, dtype, 3, "k"), v = load(a.v, dtype, 3, "v");
+  HostTensor q = load(a.q, dtype, 3, "q"), k = load(a.k, dtype, 3, "k"),
+             v = load(a.v, dtype, 3, "v");
   std::vector<std::int64_t> lse_shape = {q.shape()[0], q.shape()[1]};
   HostTensor out(dtype, q.shape()), lse(DType::kFloat32, lse_shape);
   AttentionOptions options;
@@ -77,7 +81,8 @@ void add_attn_command(CLI::App& app) {
   cmd->add_option("--v", args->v, "v [Tk, Hk, D]")->required()->check(CLI::ExistingFile);
   cmd->add_option("--out", args->out, "Output: out [Tq, Hq, D]")->required();
   cmd->add_option("--lse", args->lse, "Output: lse [Tq, Hq] (natural log)")->required();
-  auto* dout = cmd->add_option("--dout", args->dout, "Gradient of out; runs the backward too")->check(CLI::ExistingFile);
+  auto* dout = cmd->add_option("--dout", args->dout, "Gradient of out; runs the backward too")
+                   ->check(CLI::ExistingFile);
   auto* dq = cmd->add_option("--dq", args->dq, "Output: dq");
   auto* dk = cmd->add_option("--dk", args->dk, "Output: dk");
   auto* dv = cmd->add_option("--dv", args->dv, "Output: dv");
@@ -87,9 +92,12 @@ void add_attn_command(CLI::App& app) {
   dv->needs(dout);
   cmd->add_option("--sink", args->sink, "Per-head sink logits [Hq]")->check(CLI::ExistingFile);
   cmd->add_option("--dsink", args->dsink, "Output: gradient of the sink logits");
-  cmd->add_option("--device", args->device, "cpu or cuda")->check(CLI::IsMember({"cpu", "cuda"}))->capture_default_str();
+  cmd->add_option("--device", args->device, "cpu or cuda")
+      ->check(CLI::IsMember({"cpu", "cuda"}))
+      ->capture_default_str();
   cmd->add_option("--dtype", args->dtype, "Precision the inputs are rounded to and computed in")
-      ->check(CLI::IsMember({"fp32", "bf16", "fp16"}))->capture_default_str();
+      ->check(CLI::IsMember({"fp32", "bf16", "fp16"}))
+      ->capture_default_str();
   cmd->add_option("--scale", args->scale, "Logit scale (default 1/sqrt(D))");
   cmd->add_option("--softcap", args->softcap, "Logit softcap (0: none)");
   cmd->callback([args] { run_attn(*args); });

@@ -24,8 +24,9 @@ struct BenchArgs {
 
 void run_bench(const BenchArgs& a) {
   if (a.device != "cpu")
-    throw Error(Status::kNotCompiled, "flexcp bench: --device " + a.device +
-                                          ": no kernel for this device is compiled into this build");
+    throw Error(Status::kNotCompiled,
+                "flexcp bench: --device " + a.device +
+                    ": no kernel for this device is compiled into this build");
   const DType dtype = parse_dtype(a.dtype);
   const Mask mask = build_mask(a.mask);
   const std::int64_t tq = mask.seqlen_q(), tk = mask.seqlen_k();
@@ -39,20 +40,30 @@ void run_bench(const BenchArgs& a) {
   auto report = [&](const char* dir, double seconds, double dir_flops) {
     const double tflops = dir_flops / seconds / 1e12;
     const std::string head = "[case] mask=" + describe_mask(a.mask) + " Tq=" + std::to_string(tq) +
-                             " Tk=" + std::to_string(tk) + " H=" + std::to_string(a.heads) + " HK=" +
-                             std::to_string(a.heads_kv) + " D=" + std::to_string(a.head_dim) + " dtype=" +
-                             a.dtype + " device=" + a.device + " dir=" + dir;
+                             " Tk=" + std::to_string(tk) + " H=" + std::to_string(a.heads) +
+                             " HK=" + std::to_string(a.heads_kv) +
+                             " D=" + std::to_string(a.head_dim) + " dtype=" + a.dtype +
+                             " device=" + a.device + " dir=" + dir;
     if (a.json) {
-      results.push_back({{"mask", describe_mask(a.mask)}, {"seqlen_q", tq}, {"seqlen_k", tk},
-                         {"heads", a.heads}, {"heads_kv", a.heads_kv}, {"head_dim", a.head_dim},
-                         {"dtype", a.dtype}, {"device", a.device}, {"direction", dir},
-                         {"area", mask.area()}, {"time_us", seconds * 1e6}, {"tflops", tflops}});
+      results.push_back({{"mask", describe_mask(a.mask)},
+                         {"seqlen_q", tq},
+                         {"seqlen_k", tk},
+                         {"heads", a.heads},
+                         {"heads_kv", a.heads_kv},
+                         {"head_dim", a.head_dim},
+                         {"dtype", a.dtype},
+                         {"device", a.device},
+                         {"direction", dir},
+                         {"area", mask.area()},
+                         {"time_us", seconds * 1e6},
+                         {"tflops", tflops}});
     } else {
       std::printf("%s [result] time_us=%.1f TFLOPS=%.4f\n", head.c_str(), seconds * 1e6, tflops);
     }
   };
-  const double t_fwd = median_seconds(
-      [&] { forward(q.view(), k.view(), v.view(), mask, out.view(), lse.view()); }, a.warmup, a.repeat);
+  const double t_fwd =
+      median_seconds([&] { forward(q.view(), k.view(), v.view(), mask, out.view(), lse.view()); },
+                     a.warmup, a.repeat);
   report("fwd", t_fwd, flops);
   if (a.backward) {
     HostTensor dout(dtype, {tq, a.heads, a.head_dim}), dq(dtype, {tq, a.heads, a.head_dim}),
@@ -60,8 +71,8 @@ void run_bench(const BenchArgs& a) {
     dout.fill_uniform(rng, 1.0f);
     const double t_bwd = median_seconds(
         [&] {
-          backward(dout.view(), q.view(), k.view(), v.view(), out.view(), lse.view(), mask, dq.view(),
-                   dk.view(), dv.view());
+          backward(dout.view(), q.view(), k.view(), v.view(), out.view(), lse.view(), mask,
+                   dq.view(), dk.view(), dv.view());
         },
         a.warmup, a.repeat);
     report("bwd", t_bwd, kBackwardFlopsRatio * flops);
@@ -73,17 +84,24 @@ void run_bench(const BenchArgs& a) {
 
 void add_bench_command(CLI::App& app) {
   auto args = std::make_shared<BenchArgs>();
-  CLI::App* cmd = app.add_subcommand("bench", "Time the attention kernel on a mask (TFLOPS on attended pairs)");
+  CLI::App* cmd =
+      app.add_subcommand("bench", "Time the attention kernel on a mask (TFLOPS on attended pairs)");
   add_mask_options(*cmd, args->mask);
   cmd->add_option("--heads", args->heads, "Query heads")->capture_default_str();
   cmd->add_option("--heads-kv", args->heads_kv, "Key/value heads")->capture_default_str();
   cmd->add_option("--head-dim", args->head_dim, "Head dimension")->capture_default_str();
-  cmd->add_option("--dtype", args->dtype, "fp32, bf16 or fp16")->check(CLI::IsMember({"fp32", "bf16", "fp16"}))->capture_default_str();
-  cmd->add_option("--device", args->device, "cpu or cuda")->check(CLI::IsMember({"cpu", "cuda"}))->capture_default_str();
+  cmd->add_option("--dtype", args->dtype, "fp32, bf16 or fp16")
+      ->check(CLI::IsMember({"fp32", "bf16", "fp16"}))
+      ->capture_default_str();
+  cmd->add_option("--device", args->device, "cpu or cuda")
+      ->check(CLI::IsMember({"cpu", "cuda"}))
+      ->capture_default_str();
   cmd->add_flag("--backward", args->backward, "Time the backward too");
   cmd->add_flag("--json", args->json, "One JSON array instead of text lines");
   cmd->add_option("--warmup", args->warmup, "Untimed runs first")->capture_default_str();
-  cmd->add_option("--repeat", args->repeat, "Timed runs (the median is reported)")->check(CLI::PositiveNumber)->capture_default_str();
+  cmd->add_option("--repeat", args->repeat, "Timed runs (the median is reported)")
+      ->check(CLI::PositiveNumber)
+      ->capture_default_str();
   cmd->callback([args] { run_bench(*args); });
 }
 

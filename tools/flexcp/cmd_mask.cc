@@ -17,14 +17,15 @@ struct DrawArgs {
   int cells = 512;
 };
 
-constexpr int kShades = 16;      // density levels; equal neighbours merge into one rectangle
+constexpr int kShades = 16;  // density levels; equal neighbours merge into one rectangle
 constexpr int kCellPixels = 1;
 constexpr int kMargin = 40;
 
 void draw(const DrawArgs& a) {
   const bool svg = a.out.size() > 4 && a.out.substr(a.out.size() - 4) == ".svg";
   if (!svg)
-    throw Error(Status::kInvalidArgument, "flexcp mask: --out " + a.out + ": only .svg output is supported");
+    throw Error(Status::kInvalidArgument,
+                "flexcp mask: --out " + a.out + ": only .svg output is supported");
   const Mask mask = build_mask(a.mask);
   const std::int64_t tq = mask.seqlen_q(), tk = mask.seqlen_k();
   // Cell edge in tokens: the longer side gets at most `cells` cells.
@@ -36,17 +37,21 @@ void draw(const DrawArgs& a) {
     if (s.q.empty() || s.k.empty()) continue;
     for (std::int64_t r = s.q.begin / step; r <= (s.q.end - 1) / step; ++r)
       for (std::int64_t c = s.k.begin / step; c <= (s.k.end - 1) / step; ++c)
-        area[r * cols + c] += slice_area(s, {r * step, std::min(tq, (r + 1) * step)}, {c * step, std::min(tk, (c + 1) * step)});
+        area[r * cols + c] += slice_area(s, {r * step, std::min(tq, (r + 1) * step)},
+                                         {c * step, std::min(tk, (c + 1) * step)});
   }
   std::ofstream out(a.out);
-  const std::int64_t width = cols * kCellPixels + 2 * kMargin, height = rows * kCellPixels + 2 * kMargin;
+  const std::int64_t width = cols * kCellPixels + 2 * kMargin,
+                     height = rows * kCellPixels + 2 * kMargin;
   out << "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"" << width << "\" height=\"" << height
       << "\" font-family=\"sans-serif\" font-size=\"12\">\n"
       << "<rect width=\"100%\" height=\"100%\" fill=\"white\"/>\n"
-      << "<text x=\"" << kMargin << "\" y=\"" << kMargin - 22 << "\">k: 0 .. " << tk << " (columns)   area "
-      << mask.area() << " of " << tq * tk << " pairs, " << mask.slices().size() << " slices</text>\n"
-      << "<text x=\"" << kMargin - 6 << "\" y=\"" << kMargin << "\" text-anchor=\"end\" transform=\"rotate(-90 "
-      << kMargin - 6 << " " << kMargin << ")\">q: 0 .. " << tq << "</text>\n"
+      << "<text x=\"" << kMargin << "\" y=\"" << kMargin - 22 << "\">k: 0 .. " << tk
+      << " (columns)   area " << mask.area() << " of " << tq * tk << " pairs, "
+      << mask.slices().size() << " slices</text>\n"
+      << "<text x=\"" << kMargin - 6 << "\" y=\"" << kMargin
+      << "\" text-anchor=\"end\" transform=\"rotate(-90 " << kMargin - 6 << " " << kMargin
+      << ")\">q: 0 .. " << tq << "</text>\n"
       << "<g transform=\"translate(" << kMargin << " " << kMargin << ")\">\n"
       << "<rect width=\"" << cols * kCellPixels << "\" height=\"" << rows * kCellPixels
       << "\" fill=\"none\" stroke=\"#888\"/>\n";
@@ -64,14 +69,16 @@ void draw(const DrawArgs& a) {
       while (end < cols && shade(end) == level) ++end;
       if (level > 0)
         out << "<rect x=\"" << c * kCellPixels << "\" y=\"" << r * kCellPixels << "\" width=\""
-            << (end - c) * kCellPixels << "\" height=\"" << kCellPixels << "\" fill=\"#1f4e9c\" fill-opacity=\""
-            << static_cast<double>(level) / kShades << "\"/>\n";
+            << (end - c) * kCellPixels << "\" height=\"" << kCellPixels
+            << "\" fill=\"#1f4e9c\" fill-opacity=\"" << static_cast<double>(level) / kShades
+            << "\"/>\n";
       c = end;
     }
   }
   out << "</g>\n</svg>\n";
   if (!out) throw Error(Status::kInvalidArgument, "flexcp mask: cannot write " + a.out);
-  std::cout << "wrote " << a.out << ": " << rows << " x " << cols << " cells of " << step << " tokens\n";
+  std::cout << "wrote " << a.out << ": " << rows << " x " << cols << " cells of " << step
+            << " tokens\n";
 }
 
 }  // namespace
@@ -81,7 +88,9 @@ void add_mask_command(CLI::App& app) {
   CLI::App* cmd = app.add_subcommand("mask", "Draw a mask (SVG)");
   add_mask_options(*cmd, args->mask);
   cmd->add_option("--out", args->out, "Output file (.svg)")->required();
-  cmd->add_option("--cells", args->cells, "Cells along the longer side")->check(CLI::Range(1, 4096))->capture_default_str();
+  cmd->add_option("--cells", args->cells, "Cells along the longer side")
+      ->check(CLI::Range(1, 4096))
+      ->capture_default_str();
   cmd->callback([args] { draw(*args); });
 }
 

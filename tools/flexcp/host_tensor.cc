@@ -23,7 +23,8 @@ HostTensor::HostTensor(DType dtype, std::vector<std::int64_t> shape) : shape_(st
 void HostTensor::assign(const std::vector<float>& values) {
   if (static_cast<std::int64_t>(values.size()) != numel())
     throw Error(Status::kInternal, "HostTensor::assign: size mismatch");
-  for (std::size_t i = 0; i < values.size(); ++i) store_float(view_.data, view_.dtype, i, values[i]);
+  for (std::size_t i = 0; i < values.size(); ++i)
+    store_float(view_.data, view_.dtype, i, values[i]);
 }
 
 void HostTensor::fill_uniform(std::mt19937_64& rng, float amplitude) {

@@ -18,7 +18,8 @@ int main(int argc, char** argv) {
   } catch (const CLI::ParseError& e) {
     return app.exit(e);
   } catch (const flexcp::Error& e) {
-    std::cerr << "flexcp: error (" << flexcp::status_string(e.status()) << "): " << e.what() << "\n";
+    std::cerr << "flexcp: error (" << flexcp::status_string(e.status()) << "): " << e.what()
+              << "\n";
     return 2;
   }
   return 0;

@@ -13,8 +13,10 @@ namespace {
 }
 
 masks::Lengths documents(const MaskArgs& a) {
-  const std::int64_t cap = a.max_doc_len > 0 ? a.max_doc_len : std::max<std::int64_t>(1, a.seqlen / 4);
-  if (!a.doc_lens_file.empty()) return masks::pack_lengths(masks::read_lengths_file(a.doc_lens_file), a.seqlen, cap);
+  const std::int64_t cap =
+      a.max_doc_len > 0 ? a.max_doc_len : std::max<std::int64_t>(1, a.seqlen / 4);
+  if (!a.doc_lens_file.empty())
+    return masks::pack_lengths(masks::read_lengths_file(a.doc_lens_file), a.seqlen, cap);
   if (a.doc_len > 0) return masks::pack_lengths({a.doc_len}, a.seqlen, cap);
   fail("--mask " + a.kind + " needs --doc-lens FILE or --doc-len N");
 }
@@ -23,27 +25,33 @@ masks::Lengths documents(const MaskArgs& a) {
 
 const std::vector<std::string>& mask_generator_names() {
   static const std::vector<std::string> names = {
-      "full", "causal", "varlen-full", "varlen-causal", "sliding-window", "sliding-window-symmetric",
-      "block-causal", "prefix-lm", "shared-question"};
+      "full",          "causal",         "varlen-full",
+      "varlen-causal", "sliding-window", "sliding-window-symmetric",
+      "block-causal",  "prefix-lm",      "shared-question"};
   return names;
 }
 
 void add_mask_options(CLI::App& cmd, MaskArgs& a) {
-  auto* file = cmd.add_option("--mask-file", a.file, "Mask spec (JSON, DESIGN §2)")->check(CLI::ExistingFile);
-  auto* kind = cmd.add_option("--mask", a.kind, "Mask generator")->check(CLI::IsMember(mask_generator_names()));
+  auto* file = cmd.add_option("--mask-file", a.file, "Mask spec (JSON, DESIGN §2)")
+                   ->check(CLI::ExistingFile);
+  auto* kind = cmd.add_option("--mask", a.kind, "Mask generator")
+                   ->check(CLI::IsMember(mask_generator_names()));
   file->excludes(kind);
   kind->excludes(file);
   cmd.add_option("--seqlen", a.seqlen, "Tokens (q; and k unless --seqlen-k) for --mask");
   cmd.add_option("--seqlen-k", a.seqlen_k, "Key tokens for --mask full|causal (cross-attention)");
   cmd.add_option("--doc-lens", a.doc_lens_file, "Document lengths, one per line, packed cyclically")
       ->check(CLI::ExistingFile);
-  cmd.add_option("--doc-len", a.doc_len, "Equal documents of this many tokens (instead of --doc-lens)");
-  cmd.add_option("--max-doc-len", a.max_doc_len, "Cap on a document's length (default: seqlen / 4)");
+  cmd.add_option("--doc-len", a.doc_len,
+                 "Equal documents of this many tokens (instead of --doc-lens)");
+  cmd.add_option("--max-doc-len", a.max_doc_len,
+                 "Cap on a document's length (default: seqlen / 4)");
   cmd.add_option("--window", a.window, "Sliding-window size")->capture_default_str();
   cmd.add_option("--block", a.block, "Block size for block-causal")->capture_default_str();
   cmd.add_option("--prefix-frac", a.prefix_frac, "Prefix share of each document for prefix-lm")
       ->capture_default_str();
-  cmd.add_option("--question", a.question, "Question length for shared-question")->capture_default_str();
+  cmd.add_option("--question", a.question, "Question length for shared-question")
+      ->capture_default_str();
 }
 
 Mask build_mask(const MaskArgs& a) {
@@ -53,10 +61,12 @@ Mask build_mask(const MaskArgs& a) {
   const std::int64_t tk = a.seqlen_k > 0 ? a.seqlen_k : a.seqlen;
   if (a.kind == "full") return masks::full(a.seqlen, tk);
   if (a.kind == "causal") return masks::causal(a.seqlen, tk);
-  if (a.seqlen_k > 0 && a.seqlen_k != a.seqlen) fail("--seqlen-k applies to --mask full and causal only");
+  if (a.seqlen_k > 0 && a.seqlen_k != a.seqlen)
+    fail("--seqlen-k applies to --mask full and causal only");
   if (a.kind == "varlen-full") return masks::varlen_full(documents(a));
   if (a.kind == "varlen-causal") return masks::varlen_causal(documents(a));
-  if (a.kind == "sliding-window") return masks::sliding_window(documents(a), a.window, masks::WindowKind::kCausal);
+  if (a.kind == "sliding-window")
+    return masks::sliding_window(documents(a), a.window, masks::WindowKind::kCausal);
   if (a.kind == "sliding-window-symmetric")
     return masks::sliding_window(documents(a), a.window, masks::WindowKind::kSymmetric);
   if (a.kind == "block-causal") return masks::block_causal(documents(a), a.block);
@@ -65,7 +75,8 @@ Mask build_mask(const MaskArgs& a) {
       fail("--prefix-frac is " + std::to_string(a.prefix_frac) + ", expected a fraction in [0, 1]");
     const masks::Lengths docs = documents(a);
     masks::Lengths prefix;
-    for (std::int64_t n : docs) prefix.push_back(static_cast<std::int64_t>(std::floor(n * a.prefix_frac)));
+    for (std::int64_t n : docs)
+      prefix.push_back(static_cast<std::int64_t>(std::floor(n * a.prefix_frac)));
     return masks::prefix_lm(docs, prefix);
   }
   if (a.kind == "shared-question") {

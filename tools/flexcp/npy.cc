@@ -37,14 +37,16 @@ NpyArray read_npy(const std::string& path) {
     header_len = len[0] | (len[1] << 8) | (len[2] << 16) | (static_cast<std::size_t>(len[3]) << 24);
   }
   std::string header(header_len, '\0');
-  if (!in.read(header.data(), static_cast<std::streamsize>(header_len))) fail(path, "header is truncated");
+  if (!in.read(header.data(), static_cast<std::streamsize>(header_len)))
+    fail(path, "header is truncated");
   std::smatch m;
   if (!std::regex_search(header, m, std::regex("'descr':\\s*'([^']*)'")) || m[1] != "<f4")
     fail(path, "dtype is " + (m.size() > 1 ? m[1].str() : std::string("unknown")) +
                    ", expected float32 ('<f4')");
   if (!std::regex_search(header, std::regex("'fortran_order':\\s*False")))
     fail(path, "is in Fortran order, expected C order");
-  if (!std::regex_search(header, m, std::regex("'shape':\\s*\\(([^)]*)\\)"))) fail(path, "has no shape");
+  if (!std::regex_search(header, m, std::regex("'shape':\\s*\\(([^)]*)\\)")))
+    fail(path, "has no shape");
   NpyArray a;
   std::stringstream dims(m[1].str());
   std::string item;
@@ -55,7 +57,8 @@ NpyArray read_npy(const std::string& path) {
     count *= a.shape.back();
   }
   a.data.resize(static_cast<std::size_t>(count));
-  if (!in.read(reinterpret_cast<char*>(a.data.data()), static_cast<std::streamsize>(count * sizeof(float))))
+  if (!in.read(reinterpret_cast<char*>(a.data.data()),
+               static_cast<std::streamsize>(count * sizeof(float))))
     fail(path, "holds fewer values than its shape says");
   return a;
 }
@@ -77,7 +80,8 @@ void write_npy(const std::string& path, const std::vector<std::int64_t>& shape, 
                                 static_cast<unsigned char>(header.size() >> 8)};
   out.write(reinterpret_cast<const char*>(len), 2);
   out << header;
-  out.write(reinterpret_cast<const char*>(data), static_cast<std::streamsize>(count * sizeof(float)));
+  out.write(reinterpret_cast<const char*>(data),
+            static_cast<std::streamsize>(count * sizeof(float)));
   if (!out) throw Error(Status::kInvalidArgument, path + ": cannot be written");
 }
 

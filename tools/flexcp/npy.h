@@ -1,4 +1,5 @@
-// NumPy .npy files (format 1.0, little-endian float32, C order): what `flexcp attn` reads and writes.
+// NumPy .npy files (format 1.0, little-endian float32, C order): what `flexcp attn` reads and
+// writes.
 #pragma once
 
 #include <cstdint>

@@ -22,7 +22,8 @@ inline double median_seconds(const std::function<void()>& fn, int warmup, int re
 
 // Floating-point operations counted on attended pairs only (DESIGN §6).
 inline double forward_flops(std::int64_t area, std::int64_t head_dim, std::int64_t heads_q) {
-  return 4.0 * static_cast<double>(area) * static_cast<double>(head_dim) * static_cast<double>(heads_q);
+  return 4.0 * static_cast<double>(area) * static_cast<double>(head_dim) *
+         static_cast<double>(heads_q);
 }
 inline constexpr double kBackwardFlopsRatio = 2.5;
 

@@ -58,14 +58,16 @@ RowStats row_stats(const AttentionShape& s, const TensorView& dout, const Tensor
 
 // Logits of one block from raw q.k products (natural units times scale): softcap, then log2.
 void finish_logits(float* sc, int ld, int rows, const AttentionOptions& options, float* deriv) {
-  if (options.softcap > 0) apply_softcap(sc, ld, rows, static_cast<float>(options.softcap), kLog2e, deriv);
+  if (options.softcap > 0)
+    apply_softcap(sc, ld, rows, static_cast<float>(options.softcap), kLog2e, deriv);
 }
 
 void key_pass(const AttentionShape& s, const RowStats& st, const TensorView& dout,
               const TensorView& q, const TensorView& k, const TensorView& v, const Mask& mask,
               const TensorView& dk, const TensorView& dv, const AttentionOptions& options) {
-  const WorkList list = build_work_list(
-      mask, {.order = WorkListOrder::kColumnMajor, .tile_rows = kKeyTileTokens, .block_cols = kBlockCols});
+  const WorkList list = build_work_list(mask, {.order = WorkListOrder::kColumnMajor,
+                                               .tile_rows = kKeyTileTokens,
+                                               .block_cols = kBlockCols});
   const int group = static_cast<int>(s.group());
   const int dp = round_up(static_cast<int>(s.head_dim), kLanes);
   const bool softcap = options.softcap > 0;
@@ -87,7 +89,8 @@ void key_pass(const AttentionShape& s, const RowStats& st, const TensorView& dou
       const std::int64_t tile = list.tile_order[task / s.heads_kv];
       const std::int64_t h = task % s.heads_kv;
       const std::int64_t y0 = tile * kKeyTileTokens;
-      const TileRows keys{y0, static_cast<int>(std::min<std::int64_t>(kKeyTileTokens, s.seqlen_k - y0)), h, 1};
+      const TileRows keys{
+          y0, static_cast<int>(std::min<std::int64_t>(kKeyTileTokens, s.seqlen_k - y0)), h, 1};
       const int ny = keys.rows();
       gather_rows(k, keys, 1.0f, kb.data(), dp, ny);
       gather_rows(v, keys, 1.0f, vb.data(), dp, ny);
@@ -112,13 +115,15 @@ void key_pass(const AttentionShape& s, const RowStats& st, const TensorView& dou
             }
             const std::size_t n = static_cast<std::size_t>(ny) * kBlockCols;
             std::fill(p.begin(), p.begin() + n, 0.0f);
-            gemm_acc(ny, kBlockCols, dp, kb.data(), dp, qt.data(), kBlockCols, p.data(), kBlockCols);
+            gemm_acc(ny, kBlockCols, dp, kb.data(), dp, qt.data(), kBlockCols, p.data(),
+                     kBlockCols);
             finish_logits(p.data(), kBlockCols, ny, options, softcap ? deriv.data() : nullptr);
             mask_block(p.data(), kBlockCols, keys, c0, nc, band, entry.mask);
             exp2_minus_cols(p.data(), kBlockCols, ny, lse2.data());
             gemm_acc(ny, dp, kBlockCols, p.data(), kBlockCols, dob.data(), dp, dv_acc.data(), dp);
             std::fill(dpt.begin(), dpt.begin() + n, 0.0f);
-            gemm_acc(ny, kBlockCols, dp, vb.data(), dp, dot.data(), kBlockCols, dpt.data(), kBlockCols);
+            gemm_acc(ny, kBlockCols, dp, vb.data(), dp, dot.data(), kBlockCols, dpt.data(),
+                     kBlockCols);
             softmax_grad_cols(p.data(), dpt.data(), kBlockCols, ny, delta.data(),
                               softcap ? deriv.data() : nullptr);
             gemm_acc(ny, dp, kBlockCols, dpt.data(), kBlockCols, qb.data(), dp, dk_acc.data(), dp);
@@ -138,7 +143,8 @@ void query_pass(const AttentionShape& s, const RowStats& st, const TensorView& d
   const int group = static_cast<int>(s.group());
   const int tile_tokens = q_tile_tokens(group);
   const WorkList list = build_work_list(
-      mask, {.order = WorkListOrder::kRowMajor, .tile_rows = tile_tokens, .block_cols = kBlockCols});
+      mask,
+      {.order = WorkListOrder::kRowMajor, .tile_rows = tile_tokens, .block_cols = kBlockCols});
   const int dp = round_up(static_cast<int>(s.head_dim), kLanes);
   const int max_rows = tile_tokens * group;
   const bool softcap = options.softcap > 0;
@@ -153,14 +159,16 @@ void query_pass(const AttentionShape& s, const RowStats& st, const TensorView& d
     std::vector<float> kt(static_cast<std::size_t>(dp) * kBlockCols), vt(kt.size());
     std::vector<float> kb(static_cast<std::size_t>(kBlockCols) * dp);
     std::vector<float> p(blk_buf), dpb(blk_buf), deriv(softcap ? blk_buf : 0);
-    std::vector<float> lse2(max_rows), delta(max_rows), dq_mul(max_rows, static_cast<float>(s.scale));
+    std::vector<float> lse2(max_rows), delta(max_rows),
+        dq_mul(max_rows, static_cast<float>(s.scale));
 
 #pragma omp for schedule(dynamic, 1)
     for (std::int64_t task = 0; task < num_tasks; ++task) {
       const std::int64_t tile = list.tile_order[task / s.heads_kv];
       const std::int64_t h = task % s.heads_kv;
       const std::int64_t x0 = tile * tile_tokens;
-      const TileRows rows{x0, static_cast<int>(std::min<std::int64_t>(tile_tokens, s.seqlen_q - x0)),
+      const TileRows rows{x0,
+                          static_cast<int>(std::min<std::int64_t>(tile_tokens, s.seqlen_q - x0)),
                           h * group, group};
       const int num_rows = rows.rows();
       gather_rows(q, rows, q_mul, qs.data(), dp, num_rows);
@@ -182,15 +190,18 @@ void query_pass(const AttentionShape& s, const RowStats& st, const TensorView& d
           gather_rows(k, cols, 1.0f, kb.data(), dp, kBlockCols);
           const std::size_t n = static_cast<std::size_t>(num_rows) * kBlockCols;
           std::fill(p.begin(), p.begin() + n, 0.0f);
-          gemm_acc(num_rows, kBlockCols, dp, qs.data(), dp, kt.data(), kBlockCols, p.data(), kBlockCols);
+          gemm_acc(num_rows, kBlockCols, dp, qs.data(), dp, kt.data(), kBlockCols, p.data(),
+                   kBlockCols);
           finish_logits(p.data(), kBlockCols, num_rows, options, softcap ? deriv.data() : nullptr);
           mask_block(p.data(), kBlockCols, rows, c0, nc, band, entry.mask);
           exp2_minus_rows(p.data(), kBlockCols, num_rows, lse2.data());
           std::fill(dpb.begin(), dpb.begin() + n, 0.0f);
-          gemm_acc(num_rows, kBlockCols, dp, dos.data(), dp, vt.data(), kBlockCols, dpb.data(), kBlockCols);
+          gemm_acc(num_rows, kBlockCols, dp, dos.data(), dp, vt.data(), kBlockCols, dpb.data(),
+                   kBlockCols);
           softmax_grad_rows(p.data(), dpb.data(), kBlockCols, num_rows, delta.data(),
                             softcap ? deriv.data() : nullptr);
-          gemm_acc(num_rows, dp, kBlockCols, dpb.data(), kBlockCols, kb.data(), dp, dq_acc.data(), dp);
+          gemm_acc(num_rows, dp, kBlockCols, dpb.data(), kBlockCols, kb.data(), dp, dq_acc.data(),
+                   dp);
         }
       }
       scatter_rows(dq_acc.data(), dp, dq_mul.data(), dq, rows);

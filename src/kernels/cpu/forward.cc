@@ -11,13 +11,14 @@
 
 namespace flexcp::cpu {
 
-void forward(const AttentionShape& s, const TensorView& q, const TensorView& k,
-             const TensorView& v, const Mask& mask, const TensorView& out, const TensorView& lse,
+void forward(const AttentionShape& s, const TensorView& q, const TensorView& k, const TensorView& v,
+             const Mask& mask, const TensorView& out, const TensorView& lse,
              const AttentionOptions& options) {
   const int group = static_cast<int>(s.group());
   const int tile_tokens = q_tile_tokens(group);
   const WorkList list = build_work_list(
-      mask, {.order = WorkListOrder::kRowMajor, .tile_rows = tile_tokens, .block_cols = kBlockCols});
+      mask,
+      {.order = WorkListOrder::kRowMajor, .tile_rows = tile_tokens, .block_cols = kBlockCols});
   const int dp = round_up(static_cast<int>(s.head_dim), kLanes);
   const int max_rows = tile_tokens * group;
   const bool softcap = options.softcap > 0;
@@ -40,7 +41,8 @@ void forward(const AttentionShape& s, const TensorView& q, const TensorView& k,
       const std::int64_t tile = list.tile_order[task / s.heads_kv];
       const std::int64_t h = task % s.heads_kv;
       const std::int64_t x0 = tile * tile_tokens;
-      const TileRows rows{x0, static_cast<int>(std::min<std::int64_t>(tile_tokens, s.seqlen_q - x0)),
+      const TileRows rows{x0,
+                          static_cast<int>(std::min<std::int64_t>(tile_tokens, s.seqlen_q - x0)),
                           h * group, group};
       const int num_rows = rows.rows();
       gather_rows(q, rows, q_mul, qs.data(), dp, num_rows);
@@ -56,10 +58,13 @@ void forward(const AttentionShape& s, const TensorView& q, const TensorView& k,
           const TileRows cols{c0, nc, h, 1};
           gather_transposed(k, cols, 1.0f, kt.data(), kBlockCols, dp);
           gather_rows(v, cols, 1.0f, vb.data(), dp, kBlockCols);
-          std::fill(sc.begin(), sc.begin() + static_cast<std::int64_t>(num_rows) * kBlockCols, 0.0f);
-          gemm_acc(num_rows, kBlockCols, dp, qs.data(), dp, kt.data(), kBlockCols, sc.data(), kBlockCols);
+          std::fill(sc.begin(), sc.begin() + static_cast<std::int64_t>(num_rows) * kBlockCols,
+                    0.0f);
+          gemm_acc(num_rows, kBlockCols, dp, qs.data(), dp, kt.data(), kBlockCols, sc.data(),
+                   kBlockCols);
           if (softcap)
-            apply_softcap(sc.data(), kBlockCols, num_rows, static_cast<float>(options.softcap), kLog2e, nullptr);
+            apply_softcap(sc.data(), kBlockCols, num_rows, static_cast<float>(options.softcap),
+                          kLog2e, nullptr);
           mask_block(sc.data(), kBlockCols, rows, c0, nc, band, entry.mask);
           online_softmax(sc.data(), kBlockCols, num_rows, m.data(), l.data(), o.data(), dp);
           gemm_acc(num_rows, dp, kBlockCols, sc.data(), kBlockCols, vb.data(), dp, o.data(), dp);
@@ -86,7 +91,8 @@ void forward(const AttentionShape& s, const TensorView& q, const TensorView& k,
       scatter_rows(o.data(), dp, inv_l.data(), out, rows);
       float* lse_data = static_cast<float*>(lse.data);
       for (int r = 0; r < num_rows; ++r)
-        lse_data[(x0 + r / group) * lse.strides[0] + (rows.head0 + r % group) * lse.strides[1]] = lse_row[r];
+        lse_data[(x0 + r / group) * lse.strides[0] + (rows.head0 + r % group) * lse.strides[1]] =
+            lse_row[r];
     }
   }
 }

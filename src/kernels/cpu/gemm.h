@@ -22,6 +22,8 @@ inline constexpr int kMicroVecs = 2;
 void gemm_acc(int m, int n, int k, const float* a, std::int64_t lda, const float* b,
               std::int64_t ldb, float* c, std::int64_t ldc);
 
-inline constexpr int round_up(int x, int multiple) { return (x + multiple - 1) / multiple * multiple; }
+inline constexpr int round_up(int x, int multiple) {
+  return (x + multiple - 1) / multiple * multiple;
+}
 
 }  // namespace flexcp::cpu

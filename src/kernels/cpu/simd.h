@@ -23,8 +23,12 @@ inline Vec load(const float* p) {
   std::memcpy(&v, p, sizeof v);
   return v;
 }
-inline void store(float* p, Vec v) { std::memcpy(p, &v, sizeof v); }
-inline Vec splat(float x) { return Vec{} + x; }
+inline void store(float* p, Vec v) {
+  std::memcpy(p, &v, sizeof v);
+}
+inline Vec splat(float x) {
+  return Vec{} + x;
+}
 
 inline float reduce_max(Vec v) {
   float m = v[0];

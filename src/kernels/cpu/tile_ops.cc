@@ -16,23 +16,35 @@ constexpr float kNegInf = -std::numeric_limits<float>::infinity();
 template <class Visit>
 void with_typed(DType dtype, Visit&& visit) {
   switch (dtype) {
-    case DType::kFloat32: visit(static_cast<const float*>(nullptr)); break;
-    case DType::kBFloat16: visit(static_cast<const std::uint16_t*>(nullptr)); break;
-    case DType::kFloat16: visit(static_cast<const _Float16*>(nullptr)); break;
-    case DType::kFloat64: visit(static_cast<const double*>(nullptr)); break;
+    case DType::kFloat32:
+      visit(static_cast<const float*>(nullptr));
+      break;
+    case DType::kBFloat16:
+      visit(static_cast<const std::uint16_t*>(nullptr));
+      break;
+    case DType::kFloat16:
+      visit(static_cast<const _Float16*>(nullptr));
+      break;
+    case DType::kFloat64:
+      visit(static_cast<const double*>(nullptr));
+      break;
   }
 }
 
 template <class T>
 float to_float(T x) {
-  if constexpr (std::is_same_v<T, std::uint16_t>) return bf16_to_float(x);
-  else return static_cast<float>(x);
+  if constexpr (std::is_same_v<T, std::uint16_t>)
+    return bf16_to_float(x);
+  else
+    return static_cast<float>(x);
 }
 
 template <class T>
 T from_float(float x) {
-  if constexpr (std::is_same_v<T, std::uint16_t>) return float_to_bf16(x);
-  else return static_cast<T>(x);
+  if constexpr (std::is_same_v<T, std::uint16_t>)
+    return float_to_bf16(x);
+  else
+    return static_cast<T>(x);
 }
 
 std::int64_t row_offset(const TensorView& t, const TileRows& tile, int r) {
@@ -56,7 +68,8 @@ void gather_rows(const TensorView& t, const TileRows& tile, float mul, float* ds
     }
   });
   for (int r = tile.rows(); r < rows_padded; ++r)
-    std::fill(dst + static_cast<std::int64_t>(r) * ld, dst + static_cast<std::int64_t>(r + 1) * ld, 0.0f);
+    std::fill(dst + static_cast<std::int64_t>(r) * ld, dst + static_cast<std::int64_t>(r + 1) * ld,
+              0.0f);
 }
 
 void gather_transposed(const TensorView& t, const TileRows& tile, float mul, float* dst, int ld,
@@ -69,7 +82,8 @@ void gather_transposed(const TensorView& t, const TileRows& tile, float mul, flo
     const T* base = static_cast<const T*>(t.data);
     for (int r = 0; r < rows; ++r) {
       const T* src = base + row_offset(t, tile, r);
-      for (int d = 0; d < dim; ++d) dst[static_cast<std::int64_t>(d) * ld + r] = to_float(src[d * sd]) * mul;
+      for (int d = 0; d < dim; ++d)
+        dst[static_cast<std::int64_t>(d) * ld + r] = to_float(src[d * sd]) * mul;
     }
   });
   for (int d = 0; d < dp; ++d) {

@@ -14,7 +14,7 @@ inline constexpr float kLog2e = 1.4426950408889634f;
 inline constexpr float kLn2 = 0.6931471805599453f;
 
 struct TileRows {
-  std::int64_t x0 = 0;     // first token
+  std::int64_t x0 = 0;  // first token
   int num_tokens = 0;
   std::int64_t head0 = 0;  // first head
   int group = 1;           // heads per token

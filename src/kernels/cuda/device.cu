@@ -48,12 +48,16 @@ std::vector<TileSpan> tile_spans_on_device(const std::vector<Band>& bands,
   DeviceBuffer<Band> d_bands(n);
   DeviceBuffer<std::int64_t> d_rows(2 * n);
   DeviceBuffer<TileSpan> d_out(n);
-  check(cudaMemcpy(d_bands.ptr, bands.data(), n * sizeof(Band), cudaMemcpyHostToDevice), "copy bands");
-  check(cudaMemcpy(d_rows.ptr, rows.data(), 2 * n * sizeof(std::int64_t), cudaMemcpyHostToDevice), "copy rows");
+  check(cudaMemcpy(d_bands.ptr, bands.data(), n * sizeof(Band), cudaMemcpyHostToDevice),
+        "copy bands");
+  check(cudaMemcpy(d_rows.ptr, rows.data(), 2 * n * sizeof(std::int64_t), cudaMemcpyHostToDevice),
+        "copy rows");
   constexpr int kThreads = 256;
-  tile_spans_kernel<<<(n + kThreads - 1) / kThreads, kThreads>>>(d_bands.ptr, d_rows.ptr, d_out.ptr, n);
+  tile_spans_kernel<<<(n + kThreads - 1) / kThreads, kThreads>>>(d_bands.ptr, d_rows.ptr, d_out.ptr,
+                                                                 n);
   check(cudaGetLastError(), "tile_spans_kernel launch");
-  check(cudaMemcpy(out.data(), d_out.ptr, n * sizeof(TileSpan), cudaMemcpyDeviceToHost), "copy spans");
+  check(cudaMemcpy(out.data(), d_out.ptr, n * sizeof(TileSpan), cudaMemcpyDeviceToHost),
+        "copy spans");
   return out;
 }
 

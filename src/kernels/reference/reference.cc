@@ -26,10 +26,11 @@ double* at(const TensorView& t, std::int64_t x, std::int64_t h, std::int64_t d =
 
 // The keys row x attends, as disjoint intervals, from the slices' bands.
 std::vector<std::pair<std::int64_t, std::int64_t>> row_intervals(const std::vector<Band>& bands,
-                                                                  std::int64_t x) {
+                                                                 std::int64_t x) {
   std::vector<std::pair<std::int64_t, std::int64_t>> out;
   for (const Band& b : bands)
-    if (x >= b.row_begin && x < b.row_end && b.begin(x) < b.end(x)) out.emplace_back(b.begin(x), b.end(x));
+    if (x >= b.row_begin && x < b.row_end && b.begin(x) < b.end(x))
+      out.emplace_back(b.begin(x), b.end(x));
   return out;
 }
 
@@ -91,7 +92,8 @@ void reference_forward(const TensorView& q, const TensorView& k, const TensorVie
       const RowSoftmax r = row_softmax(s, options, rq, rk, bands, x, hq);
       for (std::int64_t d = 0; d < s.head_dim; ++d) {
         double acc = 0.0;
-        for (std::size_t i = 0; i < r.keys.size(); ++i) acc += r.p[i] * rv(r.keys[i], hq / s.group(), d);
+        for (std::size_t i = 0; i < r.keys.size(); ++i)
+          acc += r.p[i] * rv(r.keys[i], hq / s.group(), d);
         *at(out, x, hq, d) = acc;
       }
       *at(lse, x, hq) = r.keys.empty() ? -std::numeric_limits<double>::infinity() : r.lse;
@@ -101,8 +103,8 @@ void reference_forward(const TensorView& q, const TensorView& k, const TensorVie
 
 void reference_backward(const TensorView& dout, const TensorView& q, const TensorView& k,
                         const TensorView& v, const Mask& mask, const TensorView& dq,
-                        const TensorView& dk, const TensorView& dv,
-                        const AttentionOptions& options, const TensorView& dsink) {
+                        const TensorView& dk, const TensorView& dv, const AttentionOptions& options,
+                        const TensorView& dsink) {
   const AttentionShape s = check_backward_args("flexcp::reference_backward", dout, q, k, v, {}, {},
                                                mask, dq, dk, dv, options, dsink, true);
   const std::vector<Band> bands = mask_bands(mask);
@@ -142,7 +144,8 @@ void reference_backward(const TensorView& dout, const TensorView& q, const Tenso
     }
   }
   if (!dsink.empty())
-    for (std::int64_t h = 0; h < s.heads_q; ++h) static_cast<double*>(dsink.data)[h * dsink.strides[0]] = dsink_acc[h];
+    for (std::int64_t h = 0; h < s.heads_q; ++h)
+      static_cast<double*>(dsink.data)[h * dsink.strides[0]] = dsink_acc[h];
 }
 
 }  // namespace flexcp

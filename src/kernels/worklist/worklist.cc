@@ -10,8 +10,7 @@ namespace flexcp {
 namespace {
 
 void append_tile_entries(const Band& band, std::int32_t band_idx, std::int64_t row0,
-                         std::int64_t row1, std::int64_t block_cols,
-                         std::vector<WorkEntry>& out) {
+                         std::int64_t row1, std::int64_t block_cols, std::vector<WorkEntry>& out) {
   const TileSpan s = band_tile_span(band, row0, row1);
   if (s.rows_begin >= s.rows_end || s.span_begin >= s.span_end) return;
   const bool whole_tile = s.rows_begin == row0 && s.rows_end == row1;
@@ -23,26 +22,31 @@ void append_tile_entries(const Band& band, std::int32_t band_idx, std::int64_t r
   const std::int64_t inner_end = s.inner_begin + inner_len;
   if (s.span_begin < s.inner_begin)
     out.push_back({s.span_begin, s.inner_begin, band_idx, EntryMask::kElements});
-  out.push_back({s.inner_begin, inner_end, band_idx, whole_tile ? EntryMask::kNone : EntryMask::kRows});
-  if (inner_end < s.span_end) out.push_back({inner_end, s.span_end, band_idx, EntryMask::kElements});
+  out.push_back(
+      {s.inner_begin, inner_end, band_idx, whole_tile ? EntryMask::kNone : EntryMask::kRows});
+  if (inner_end < s.span_end)
+    out.push_back({inner_end, s.span_end, band_idx, EntryMask::kElements});
 }
 
 }  // namespace
 
 WorkList build_work_list(const Mask& mask, const WorkListOptions& options) {
   if (options.tile_rows < 1)
-    throw Error(Status::kInvalidArgument, "build_work_list: tile_rows is " +
-                                              std::to_string(options.tile_rows) + ", expected >= 1");
+    throw Error(
+        Status::kInvalidArgument,
+        "build_work_list: tile_rows is " + std::to_string(options.tile_rows) + ", expected >= 1");
   if (options.block_cols < 1)
-    throw Error(Status::kInvalidArgument, "build_work_list: block_cols is " +
-                                              std::to_string(options.block_cols) + ", expected >= 1");
+    throw Error(
+        Status::kInvalidArgument,
+        "build_work_list: block_cols is " + std::to_string(options.block_cols) + ", expected >= 1");
   const bool row_major = options.order == WorkListOrder::kRowMajor;
   WorkList list;
   list.num_rows = row_major ? mask.seqlen_q() : mask.seqlen_k();
   list.num_cols = row_major ? mask.seqlen_k() : mask.seqlen_q();
   list.tile_rows = options.tile_rows;
   for (const Slice& slice : mask.slices()) {
-    const Band band = row_major ? trim_band(slice_band(slice)) : transpose_band(trim_band(slice_band(slice)));
+    const Band band =
+        row_major ? trim_band(slice_band(slice)) : transpose_band(trim_band(slice_band(slice)));
     if (band.row_begin < band.row_end) list.bands.push_back(band);
   }
   const std::int64_t num_tiles = (list.num_rows + options.tile_rows - 1) / options.tile_rows;
@@ -78,8 +82,9 @@ WorkList build_work_list(const Mask& mask, const WorkListOptions& options) {
   // Every tile is listed (an empty one still writes out = 0 and lse = -inf), busiest first.
   list.tile_order.resize(num_tiles);
   std::iota(list.tile_order.begin(), list.tile_order.end(), 0);
-  std::stable_sort(list.tile_order.begin(), list.tile_order.end(),
-                   [&](std::int32_t a, std::int32_t b) { return list.tile_area[a] > list.tile_area[b]; });
+  std::stable_sort(
+      list.tile_order.begin(), list.tile_order.end(),
+      [&](std::int32_t a, std::int32_t b) { return list.tile_area[a] > list.tile_area[b]; });
   return list;
 }
 

@@ -41,10 +41,11 @@ struct WorkList {
   std::int64_t num_rows = 0;
   std::int64_t num_cols = 0;
   std::int64_t tile_rows = 0;
-  std::vector<Band> bands;                 // trimmed; in the list's row/column orientation
-  std::vector<std::int64_t> tile_offsets;  // tile t owns entries [tile_offsets[t], tile_offsets[t+1])
+  std::vector<Band> bands;  // trimmed; in the list's row/column orientation
+  std::vector<std::int64_t>
+      tile_offsets;  // tile t owns entries [tile_offsets[t], tile_offsets[t+1])
   std::vector<WorkEntry> entries;
-  std::vector<std::int64_t> tile_area;  // attended cells per tile
+  std::vector<std::int64_t> tile_area;   // attended cells per tile
   std::vector<std::int32_t> tile_order;  // every tile, largest area first (ties: lower index)
 
   std::int64_t num_tiles() const { return static_cast<std::int64_t>(tile_area.size()); }
