@@ -16,7 +16,7 @@ int main() {
                   flexcp::make_view(lse.data(), flexcp::DType::kFloat32, {1, 1}));
   const bool ok = std::abs(out[0] - 4) < 1e-6 && std::abs(out[1] - 6) < 1e-6 &&
                   std::abs(lse[0] - std::log(2.0f)) < 1e-6;
-  std::printf("flexcp %s: out = [%g, %g], lse = %g: %s\n", flexcp::version(), out[0], out[1], lse[0],
-              ok ? "ok" : "WRONG");
+  std::printf("flexcp %s: out = [%g, %g], lse = %g: %s\n", flexcp::version(), out[0], out[1],
+              lse[0], ok ? "ok" : "WRONG");
   return ok ? 0 : 1;
 }
