@@ -6,7 +6,7 @@
 #include <limits>
 
 #include "core/dtype.h"
-#include "mask/band.h"
+#include "flexcp/band.h"
 
 namespace flexcp::test {
 

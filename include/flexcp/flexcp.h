@@ -2,9 +2,11 @@
 #pragma once
 
 #include "flexcp/attention.h"
+#include "flexcp/band.h"
 #include "flexcp/export.h"
 #include "flexcp/mask.h"
 #include "flexcp/masks.h"
+#include "flexcp/plan.h"
 #include "flexcp/status.h"
 #include "flexcp/tensor.h"
 #include "flexcp/version.h"

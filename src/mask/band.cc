@@ -1,4 +1,4 @@
-#include "mask/band.h"
+#include "flexcp/band.h"
 
 #include <algorithm>
 

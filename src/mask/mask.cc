@@ -4,8 +4,8 @@
 #include <set>
 #include <sstream>
 
+#include "flexcp/band.h"
 #include "flexcp/status.h"
-#include "mask/band.h"
 
 namespace flexcp {
 namespace {

@@ -4,8 +4,8 @@
 
 #include <random>
 
+#include "flexcp/band.h"
 #include "kernels/cuda/device.h"
-#include "mask/band.h"
 
 namespace flexcp {
 namespace {

@@ -2,7 +2,7 @@
 
 #include <random>
 
-#include "mask/band.h"
+#include "flexcp/band.h"
 #include "test_util.h"
 
 namespace flexcp {

@@ -6,7 +6,7 @@
 #include <string>
 #include <vector>
 
-#include "mask/band.h"
+#include "flexcp/band.h"
 
 namespace flexcp::cuda {
 

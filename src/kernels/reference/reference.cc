@@ -7,7 +7,7 @@
 #include "core/checks.h"
 #include "core/dtype.h"
 #include "flexcp/attention.h"
-#include "mask/band.h"
+#include "flexcp/band.h"
 
 namespace flexcp {
 namespace {

@@ -31,6 +31,14 @@ void append_tile_entries(const Band& band, std::int32_t band_idx, std::int64_t r
 }  // namespace
 
 WorkList build_work_list(const Mask& mask, const WorkListOptions& options) {
+  std::vector<Band> bands;
+  bands.reserve(mask.slices().size());
+  for (const Slice& slice : mask.slices()) bands.push_back(slice_band(slice));
+  return build_work_list(bands, mask.seqlen_q(), mask.seqlen_k(), options);
+}
+
+WorkList build_work_list(const std::vector<Band>& row_bands, std::int64_t num_rows,
+                         std::int64_t num_cols, const WorkListOptions& options) {
   if (options.tile_rows < 1)
     throw Error(
         Status::kInvalidArgument,
@@ -41,12 +49,11 @@ WorkList build_work_list(const Mask& mask, const WorkListOptions& options) {
         "build_work_list: block_cols is " + std::to_string(options.block_cols) + ", expected >= 1");
   const bool row_major = options.order == WorkListOrder::kRowMajor;
   WorkList list;
-  list.num_rows = row_major ? mask.seqlen_q() : mask.seqlen_k();
-  list.num_cols = row_major ? mask.seqlen_k() : mask.seqlen_q();
+  list.num_rows = row_major ? num_rows : num_cols;
+  list.num_cols = row_major ? num_cols : num_rows;
   list.tile_rows = options.tile_rows;
-  for (const Slice& slice : mask.slices()) {
-    const Band band =
-        row_major ? trim_band(slice_band(slice)) : transpose_band(trim_band(slice_band(slice)));
+  for (const Band& b : row_bands) {
+    const Band band = row_major ? trim_band(b) : transpose_band(trim_band(b));
     if (band.row_begin < band.row_end) list.bands.push_back(band);
   }
   const std::int64_t num_tiles = (list.num_rows + options.tile_rows - 1) / options.tile_rows;

@@ -10,8 +10,8 @@
 #include <cstdint>
 #include <vector>
 
+#include "flexcp/band.h"
 #include "flexcp/mask.h"
-#include "mask/band.h"
 
 namespace flexcp {
 
@@ -51,6 +51,9 @@ struct WorkList {
   std::int64_t num_tiles() const { return static_cast<std::int64_t>(tile_area.size()); }
 };
 
+// From bands over (rows, columns) in row-major orientation (the plan's local work), or from a mask.
+WorkList build_work_list(const std::vector<Band>& bands, std::int64_t num_rows,
+                         std::int64_t num_cols, const WorkListOptions& options);
 WorkList build_work_list(const Mask& mask, const WorkListOptions& options);
 
 }  // namespace flexcp

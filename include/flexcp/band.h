@@ -1,4 +1,5 @@
-// Band: the one geometric primitive under masks, work lists and kernels.
+// Band: the one geometric primitive under masks, plans, work lists and kernels. Public because
+// plans hand each rank its local work as bands.
 //
 // A band is the set of cells (x, y) with x in [row_begin, row_end) and y in [begin(x), end(x)):
 //   begin(x) = max(begin_min, begin_off + begin_slope * x)
@@ -13,6 +14,7 @@
 
 #include <cstdint>
 
+#include "flexcp/export.h"
 #include "flexcp/mask.h"
 
 #if defined(__CUDACC__)
@@ -80,20 +82,20 @@ FLEXCP_HOST_DEVICE inline TileSpan band_tile_span(const Band& band, std::int64_t
 }
 
 // The band of one slice over global (q, k) coordinates.
-Band slice_band(const Slice& slice);
+FLEXCP_API Band slice_band(const Slice& slice);
 
 // The band with its rows cut to the non-empty ones (row_begin == row_end when it has none).
-Band trim_band(const Band& band);
+FLEXCP_API Band trim_band(const Band& band);
 
 // The same cells seen column-major: rows are the old columns. Columns outside
 // [0, num_cols) are never part of a trimmed band, so the result is exact.
-Band transpose_band(const Band& band);
+FLEXCP_API Band transpose_band(const Band& band);
 
 // Cells in both bands.
-Band intersect_bands(const Band& a, const Band& b);
+FLEXCP_API Band intersect_bands(const Band& a, const Band& b);
 
 // Number of cells of `band` in rows [x0, x1) and columns [y0, y1).
-std::int64_t band_area(const Band& band, std::int64_t x0, std::int64_t x1, std::int64_t y0,
-                       std::int64_t y1);
+FLEXCP_API std::int64_t band_area(const Band& band, std::int64_t x0, std::int64_t x1,
+                                  std::int64_t y0, std::int64_t y1);
 
 }  // namespace flexcp

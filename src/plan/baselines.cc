@@ -1,0 +1,90 @@
+// The peers on the same mask and cost model: ring attention with zigzag balancing, Ulysses
+// (all-to-all over heads) and all-gather of K/V.
+#include <algorithm>
+
+#include "plan/plan_internal.h"
+
+namespace flexcp::plan_detail {
+namespace {
+
+// Ring with zigzag: 2W equal chunks; rank r holds chunks r and 2W-1-r (q and K/V). In step s it
+// computes its queries against the K/V of rank (r - s) mod W, while receiving the next block.
+BaselineFigures ring_zigzag(const std::vector<Band>& bands, const Plan& plan, std::int64_t tq,
+                            std::int64_t tk) {
+  const PlanOptions& o = plan.options;
+  const int w = o.world_size;
+  const std::vector<Range> qc = equal_chunks(tq, 2 * w), kc = equal_chunks(tk, 2 * w);
+  auto holder = [w](std::int64_t chunk) { return static_cast<int>(chunk < w ? chunk : 2 * w - 1 - chunk); };
+  // area[r][owner]: pairs of rank r's queries against owner's K/V, visiting only K/V chunks inside
+  // each band's span.
+  std::vector<std::vector<std::int64_t>> area(w, std::vector<std::int64_t>(w, 0));
+  const ChunkIndex index = index_bands(bands, qc);
+  for (std::int64_t c = 0; c < 2 * w; ++c)
+    for (std::int64_t i = index.offsets[c]; i < index.offsets[c + 1]; ++i) {
+      const Band& b = bands[index.band_ids[i]];
+      const TileSpan s = band_tile_span(b, qc[c].begin, qc[c].end);
+      if (s.span_begin >= s.span_end) continue;
+      const auto first = std::upper_bound(kc.begin(), kc.end(), s.span_begin,
+                                          [](std::int64_t x, const Range& r) { return x < r.end; });
+      for (std::int64_t k = first - kc.begin(); k < 2 * w && kc[k].begin < s.span_end; ++k) {
+        area[holder(c)][holder(k)] += band_area(b, qc[c].begin, qc[c].end, kc[k].begin, kc[k].end);
+      }
+    }
+  BaselineFigures f;
+  const std::int64_t block = (tk + w - 1) / w;
+  f.comm_bytes_fwd = static_cast<std::int64_t>(w - 1) * tk * kv_bytes_per_token(o);
+  const bool one_node = o.gpus_per_node == 0 || o.gpus_per_node >= w;
+  const double step_comm = transfer_us(block, one_node, o);
+  std::vector<double> busy(w, 0.0);
+  double total = 0;
+  for (int s = 0; s < w; ++s) {
+    double slowest = 0;
+    for (int r = 0; r < w; ++r) {
+      const double t = compute_us(area[r][(r - s + w) % w], o);
+      busy[r] += t;
+      slowest = std::max(slowest, t);
+    }
+    total += s == 0 ? slowest : std::max(slowest, step_comm);
+  }
+  double sum = 0, worst = 0;
+  for (double b : busy) sum += b, worst = std::max(worst, b);
+  f.imbalance = sum > 0 ? worst / (sum / w) : 1.0;
+  f.predicted_us = total;
+  f.idle_fraction = total > 0 ? 1.0 - sum / (w * total) : 0.0;
+  return f;
+}
+
+}  // namespace
+
+void price_baselines(const Mask& mask, const std::vector<Band>& bands, Plan& plan) {
+  const PlanOptions& o = plan.options;
+  const int w = o.world_size;
+  const std::int64_t tq = mask.seqlen_q(), tk = mask.seqlen_k();
+  const bool one_node = o.gpus_per_node == 0 || o.gpus_per_node >= w;
+  plan.ring = ring_zigzag(bands, plan, tq, tk);
+
+  // Ulysses: all-to-all of q, k, v before and out after; each rank then has every token for
+  // Hq / W heads, so compute is perfectly balanced, but nothing overlaps the all-to-alls.
+  BaselineFigures& u = plan.ulysses;
+  u.applicable = o.heads_q % w == 0 && (o.heads_kv % w == 0 || w % o.heads_kv == 0);
+  const std::int64_t per_token = (2 * o.heads_q + 2 * o.heads_kv) * o.head_dim * o.element_bytes;
+  u.comm_bytes_fwd = static_cast<std::int64_t>(static_cast<double>(w - 1) / w * static_cast<double>(std::max(tq, tk) * per_token));
+  const double gbps = one_node ? o.cost.intra_node_gbps : o.cost.inter_node_gbps;
+  const double a2a_us = static_cast<double>(u.comm_bytes_fwd) / w / (gbps * 1e9) * 1e6;
+  const double work_us = compute_us(mask.area(), o) / w;
+  u.predicted_us = a2a_us + work_us;
+  u.imbalance = 1.0;
+  u.idle_fraction = u.predicted_us > 0 ? a2a_us / u.predicted_us : 0.0;
+
+  // All-gather: every rank receives all K/V it does not hold, then computes flexcp's dispatch.
+  BaselineFigures& g = plan.allgather;
+  g.comm_bytes_fwd = static_cast<std::int64_t>(w - 1) * tk * kv_bytes_per_token(o);
+  const double gather_us = static_cast<double>(tk) * (w - 1) / w * kv_bytes_per_token(o) / (gbps * 1e9) * 1e6;
+  double worst = 0, sum = 0;
+  for (const RankPlan& r : plan.ranks) worst = std::max(worst, compute_us(r.area, o)), sum += compute_us(r.area, o);
+  g.imbalance = plan.imbalance;
+  g.predicted_us = gather_us + worst;
+  g.idle_fraction = g.predicted_us > 0 ? 1.0 - sum / (w * g.predicted_us) : 0.0;
+}
+
+}  // namespace flexcp::plan_detail

@@ -1,0 +1,128 @@
+// Dispatch: cutting the sequence into chunks and giving every rank the same number of chunks with
+// as equal a share of the attention cost as the solver finds.
+#include <algorithm>
+#include <numeric>
+#include <queue>
+
+#include "flexcp/status.h"
+#include "plan/plan_internal.h"
+
+namespace flexcp::plan_detail {
+namespace {
+
+// About this many chunks per rank when the caller does not choose: enough granularity to balance
+// uneven masks, few enough that K/V ranges stay long. Chunks are multiples of a kernel tile.
+constexpr std::int64_t kChunksPerRank = 16;
+constexpr std::int64_t kChunkAlign = 128;
+
+}  // namespace
+
+std::int64_t ChunkIndex::chunk_of(std::int64_t row) const {
+  const auto it = std::upper_bound(chunks.begin(), chunks.end(), row,
+                                   [](std::int64_t r, const Range& c) { return r < c.begin; });
+  return static_cast<std::int64_t>(it - chunks.begin()) - 1;
+}
+
+ChunkIndex index_bands(const std::vector<Band>& bands, std::vector<Range> chunks) {
+  ChunkIndex index;
+  index.chunks = std::move(chunks);
+  const std::int64_t n = static_cast<std::int64_t>(index.chunks.size());
+  index.offsets.assign(n + 1, 0);
+  auto each_chunk = [&](const Band& b, auto&& fn) {
+    if (b.row_begin >= b.row_end) return;
+    for (std::int64_t c = index.chunk_of(b.row_begin); c < n && index.chunks[c].begin < b.row_end; ++c)
+      if (!index.chunks[c].empty()) fn(c);
+  };
+  for (const Band& b : bands) each_chunk(b, [&](std::int64_t c) { ++index.offsets[c + 1]; });
+  std::partial_sum(index.offsets.begin(), index.offsets.end(), index.offsets.begin());
+  index.band_ids.resize(index.offsets.back());
+  std::vector<std::int64_t> fill(index.offsets.begin(), index.offsets.end() - 1);
+  for (std::size_t i = 0; i < bands.size(); ++i)
+    each_chunk(bands[i], [&](std::int64_t c) { index.band_ids[fill[c]++] = static_cast<std::int32_t>(i); });
+  return index;
+}
+
+std::vector<Range> equal_chunks(std::int64_t length, std::int64_t n) {
+  std::vector<Range> chunks(n);
+  for (std::int64_t i = 0; i < n; ++i) chunks[i] = {i * length / n, (i + 1) * length / n};
+  return chunks;
+}
+
+std::int64_t choose_num_chunks(std::int64_t seqlen, const PlanOptions& o) {
+  const std::int64_t world = o.world_size;
+  std::int64_t chunk = o.chunk_size;
+  if (chunk == 0) {
+    chunk = (seqlen + world * kChunksPerRank - 1) / (world * kChunksPerRank);
+    chunk = std::max(kChunkAlign, (chunk + kChunkAlign - 1) / kChunkAlign * kChunkAlign);
+  }
+  // The same number of chunks per rank: round the count up to a multiple of the world size.
+  const std::int64_t per_rank = std::max<std::int64_t>(1, (seqlen + world * chunk - 1) / (world * chunk));
+  return per_rank * world;
+}
+
+std::vector<int> assign_chunks(const std::vector<std::int64_t>& costs, int world) {
+  const std::int64_t n = static_cast<std::int64_t>(costs.size());
+  const std::int64_t per_rank = n / world;
+  std::vector<int> owner(n, -1);
+  std::vector<std::int64_t> load(world, 0);
+  std::vector<std::vector<std::int64_t>> mine(world);
+
+  // Longest first into the least-loaded rank that still has room.
+  std::vector<std::int64_t> order(n);
+  std::iota(order.begin(), order.end(), 0);
+  std::stable_sort(order.begin(), order.end(), [&](auto a, auto b) { return costs[a] > costs[b]; });
+  using Slot = std::pair<std::int64_t, int>;  // (load, rank)
+  std::priority_queue<Slot, std::vector<Slot>, std::greater<>> open;
+  for (int r = 0; r < world; ++r) open.push({0, r});
+  for (std::int64_t c : order) {
+    auto [l, r] = open.top();
+    open.pop();
+    owner[c] = r;
+    load[r] = l + costs[c];
+    mine[r].push_back(c);
+    if (static_cast<std::int64_t>(mine[r].size()) < per_rank) open.push({load[r], r});
+  }
+
+  // Refinement: swap one chunk of the heaviest rank with a lighter chunk of a lighter rank, the
+  // swap whose cost difference is closest to half the gap, until no swap lowers the heaviest.
+  std::vector<int> by_load(world);
+  const int max_rounds = 8 * world + 64;
+  for (int round = 0; round < max_rounds; ++round) {
+    std::iota(by_load.begin(), by_load.end(), 0);
+    std::stable_sort(by_load.begin(), by_load.end(), [&](int a, int b) { return load[a] < load[b]; });
+    const int heavy = by_load.back();
+    bool swapped = false;
+    for (int light : by_load) {
+      const std::int64_t gap = load[heavy] - load[light];
+      if (gap <= 0) break;
+      std::vector<std::int64_t>& lc = mine[light];
+      std::sort(lc.begin(), lc.end(), [&](auto a, auto b) { return costs[a] < costs[b] || (costs[a] == costs[b] && a < b); });
+      std::int64_t best_d = 0, best_a = -1, best_b = -1;
+      for (std::size_t ai = 0; ai < mine[heavy].size(); ++ai) {
+        const std::int64_t a = mine[heavy][ai];
+        // Want costs[b] near costs[a] - gap / 2, with 0 < costs[a] - costs[b] < gap.
+        const std::int64_t target = costs[a] - gap / 2;
+        auto it = std::lower_bound(lc.begin(), lc.end(), target, [&](std::int64_t b, std::int64_t t) { return costs[b] < t; });
+        for (auto cand : {it, it == lc.begin() ? lc.end() : std::prev(it)}) {
+          if (cand == lc.end()) continue;
+          const std::int64_t d = costs[a] - costs[*cand];
+          if (d <= 0 || d >= gap) continue;
+          if (std::min(d, gap - d) > std::min(best_d, gap - best_d) || best_a < 0)
+            best_d = d, best_a = static_cast<std::int64_t>(ai), best_b = cand - lc.begin();
+        }
+      }
+      if (best_a < 0) continue;
+      std::swap(mine[heavy][best_a], lc[best_b]);
+      owner[mine[heavy][best_a]] = heavy;
+      owner[lc[best_b]] = light;
+      load[heavy] -= best_d;
+      load[light] += best_d;
+      swapped = true;
+      break;
+    }
+    if (!swapped) break;
+  }
+  return owner;
+}
+
+}  // namespace flexcp::plan_detail

@@ -1,0 +1,68 @@
+// A rank's work in local coordinates: rows are its q tokens in chunk order; columns are its K/V
+// buffer (own tokens in chunk order, then the received ranges in stage order). Each band of the
+// mask is clipped to one q chunk and one K/V segment and shifted; the stage is the segment's.
+#include <algorithm>
+
+#include "plan/plan_internal.h"
+
+namespace flexcp::plan_detail {
+namespace {
+
+struct Segment {
+  Range global;
+  std::int64_t local_begin;
+  int stage;
+};
+
+}  // namespace
+
+// The cells of `b` in rows `rows` and columns `cols`, moved by (dr, dc).
+Band clip_and_shift(Band b, Range rows, Range cols, std::int64_t dr, std::int64_t dc) {
+  b.row_begin = std::max(b.row_begin, rows.begin) + dr;
+  b.row_end = std::min(b.row_end, rows.end) + dr;
+  b.begin_min = std::max(b.begin_min, cols.begin) + dc;
+  b.end_max = std::min(b.end_max, cols.end) + dc;
+  b.begin_off = b.begin_slope ? b.begin_off - dr + dc : b.begin_min;
+  b.end_off = b.end_slope ? b.end_off - dr + dc : b.end_max;
+  if (!b.begin_slope) b.begin_off = b.begin_min = std::max(b.begin_min, b.begin_off);
+  if (!b.end_slope) b.end_off = b.end_max = std::min(b.end_max, b.end_off);
+  return trim_band(b);
+}
+
+void build_local_work(const std::vector<Band>& bands, const ChunkIndex& q_index, RankPlan& rp,
+                      int num_stages) {
+  std::vector<Segment> segments;
+  std::int64_t offset = 0;
+  for (const Range& r : rp.k_tokens) {
+    segments.push_back({r, offset, 0});
+    offset += r.size();
+  }
+  for (const RemoteRange& r : rp.recv) {
+    segments.push_back({r.tokens, offset, r.stage});
+    offset += r.tokens.size();
+  }
+  std::sort(segments.begin(), segments.end(), [](auto& a, auto& b) { return a.global.begin < b.global.begin; });
+  rp.stage_work.assign(num_stages + 1, {});
+  rp.stage_area.assign(num_stages + 1, 0);
+  std::int64_t local_row = 0;
+  for (std::int64_t c : rp.chunks) {
+    const Range rows = q_index.chunks[c];
+    const std::int64_t dr = local_row - rows.begin;
+    for (std::int64_t i = q_index.offsets[c]; i < q_index.offsets[c + 1]; ++i) {
+      const Band& b = bands[q_index.band_ids[i]];
+      const TileSpan s = band_tile_span(b, rows.begin, rows.end);
+      if (s.span_begin >= s.span_end) continue;
+      auto seg = std::upper_bound(segments.begin(), segments.end(), s.span_begin,
+                                  [](std::int64_t x, const Segment& g) { return x < g.global.end; });
+      for (; seg != segments.end() && seg->global.begin < s.span_end; ++seg) {
+        const Band local = clip_and_shift(b, rows, seg->global, dr, seg->local_begin - seg->global.begin);
+        if (local.row_begin >= local.row_end) continue;
+        rp.stage_area[seg->stage] += band_area(local, local.row_begin, local.row_end, local.begin_min, local.end_max);
+        rp.stage_work[seg->stage].push_back(local);
+      }
+    }
+    local_row += rows.size();
+  }
+}
+
+}  // namespace flexcp::plan_detail
