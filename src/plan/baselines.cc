@@ -14,7 +14,9 @@ BaselineFigures ring_zigzag(const std::vector<Band>& bands, const Plan& plan, st
   const PlanOptions& o = plan.options;
   const int w = o.world_size;
   const std::vector<Range> qc = equal_chunks(tq, 2 * w), kc = equal_chunks(tk, 2 * w);
-  auto holder = [w](std::int64_t chunk) { return static_cast<int>(chunk < w ? chunk : 2 * w - 1 - chunk); };
+  auto holder = [w](std::int64_t chunk) {
+    return static_cast<int>(chunk < w ? chunk : 2 * w - 1 - chunk);
+  };
   // area[r][owner]: pairs of rank r's queries against owner's K/V, visiting only K/V chunks inside
   // each band's span.
   std::vector<std::vector<std::int64_t>> area(w, std::vector<std::int64_t>(w, 0));
@@ -68,7 +70,8 @@ void price_baselines(const Mask& mask, const std::vector<Band>& bands, Plan& pla
   BaselineFigures& u = plan.ulysses;
   u.applicable = o.heads_q % w == 0 && (o.heads_kv % w == 0 || w % o.heads_kv == 0);
   const std::int64_t per_token = (2 * o.heads_q + 2 * o.heads_kv) * o.head_dim * o.element_bytes;
-  u.comm_bytes_fwd = static_cast<std::int64_t>(static_cast<double>(w - 1) / w * static_cast<double>(std::max(tq, tk) * per_token));
+  u.comm_bytes_fwd = static_cast<std::int64_t>(static_cast<double>(w - 1) / w *
+                                               static_cast<double>(std::max(tq, tk) * per_token));
   const double gbps = one_node ? o.cost.intra_node_gbps : o.cost.inter_node_gbps;
   const double a2a_us = static_cast<double>(u.comm_bytes_fwd) / w / (gbps * 1e9) * 1e6;
   const double work_us = compute_us(mask.area(), o) / w;
@@ -79,9 +82,11 @@ void price_baselines(const Mask& mask, const std::vector<Band>& bands, Plan& pla
   // All-gather: every rank receives all K/V it does not hold, then computes flexcp's dispatch.
   BaselineFigures& g = plan.allgather;
   g.comm_bytes_fwd = static_cast<std::int64_t>(w - 1) * tk * kv_bytes_per_token(o);
-  const double gather_us = static_cast<double>(tk) * (w - 1) / w * kv_bytes_per_token(o) / (gbps * 1e9) * 1e6;
+  const double gather_us =
+      static_cast<double>(tk) * (w - 1) / w * kv_bytes_per_token(o) / (gbps * 1e9) * 1e6;
   double worst = 0, sum = 0;
-  for (const RankPlan& r : plan.ranks) worst = std::max(worst, compute_us(r.area, o)), sum += compute_us(r.area, o);
+  for (const RankPlan& r : plan.ranks)
+    worst = std::max(worst, compute_us(r.area, o)), sum += compute_us(r.area, o);
   g.imbalance = plan.imbalance;
   g.predicted_us = gather_us + worst;
   g.idle_fraction = g.predicted_us > 0 ? 1.0 - sum / (w * g.predicted_us) : 0.0;

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <numeric>
 #include <queue>
+#include <tuple>
 
 #include "flexcp/status.h"
 #include "plan/plan_internal.h"
@@ -14,6 +15,7 @@ namespace {
 // uneven masks, few enough that K/V ranges stay long. Chunks are multiples of a kernel tile.
 constexpr std::int64_t kChunksPerRank = 16;
 constexpr std::int64_t kChunkAlign = 128;
+constexpr std::int64_t kRunLength = 4;  // chunks placed together before single chunks are balanced
 
 }  // namespace
 
@@ -30,7 +32,8 @@ ChunkIndex index_bands(const std::vector<Band>& bands, std::vector<Range> chunks
   index.offsets.assign(n + 1, 0);
   auto each_chunk = [&](const Band& b, auto&& fn) {
     if (b.row_begin >= b.row_end) return;
-    for (std::int64_t c = index.chunk_of(b.row_begin); c < n && index.chunks[c].begin < b.row_end; ++c)
+    for (std::int64_t c = index.chunk_of(b.row_begin); c < n && index.chunks[c].begin < b.row_end;
+         ++c)
       if (!index.chunks[c].empty()) fn(c);
   };
   for (const Band& b : bands) each_chunk(b, [&](std::int64_t c) { ++index.offsets[c + 1]; });
@@ -38,7 +41,8 @@ ChunkIndex index_bands(const std::vector<Band>& bands, std::vector<Range> chunks
   index.band_ids.resize(index.offsets.back());
   std::vector<std::int64_t> fill(index.offsets.begin(), index.offsets.end() - 1);
   for (std::size_t i = 0; i < bands.size(); ++i)
-    each_chunk(bands[i], [&](std::int64_t c) { index.band_ids[fill[c]++] = static_cast<std::int32_t>(i); });
+    each_chunk(bands[i],
+               [&](std::int64_t c) { index.band_ids[fill[c]++] = static_cast<std::int32_t>(i); });
   return index;
 }
 
@@ -56,58 +60,70 @@ std::int64_t choose_num_chunks(std::int64_t seqlen, const PlanOptions& o) {
     chunk = std::max(kChunkAlign, (chunk + kChunkAlign - 1) / kChunkAlign * kChunkAlign);
   }
   // The same number of chunks per rank: round the count up to a multiple of the world size.
-  const std::int64_t per_rank = std::max<std::int64_t>(1, (seqlen + world * chunk - 1) / (world * chunk));
+  const std::int64_t per_rank =
+      std::max<std::int64_t>(1, (seqlen + world * chunk - 1) / (world * chunk));
   return per_rank * world;
 }
 
-std::vector<int> assign_chunks(const std::vector<std::int64_t>& costs, int world) {
+namespace {
+
+// Longest first into the least-loaded rank that still has room for another of its `per_rank`.
+std::vector<int> greedy(const std::vector<std::int64_t>& costs, int world) {
   const std::int64_t n = static_cast<std::int64_t>(costs.size());
   const std::int64_t per_rank = n / world;
   std::vector<int> owner(n, -1);
-  std::vector<std::int64_t> load(world, 0);
-  std::vector<std::vector<std::int64_t>> mine(world);
-
-  // Longest first into the least-loaded rank that still has room.
   std::vector<std::int64_t> order(n);
   std::iota(order.begin(), order.end(), 0);
   std::stable_sort(order.begin(), order.end(), [&](auto a, auto b) { return costs[a] > costs[b]; });
-  using Slot = std::pair<std::int64_t, int>;  // (load, rank)
+  using Slot = std::tuple<std::int64_t, int, std::int64_t>;  // (load, rank, count)
   std::priority_queue<Slot, std::vector<Slot>, std::greater<>> open;
-  for (int r = 0; r < world; ++r) open.push({0, r});
+  for (int r = 0; r < world; ++r) open.push({0, r, 0});
   for (std::int64_t c : order) {
-    auto [l, r] = open.top();
+    auto [load, r, count] = open.top();
     open.pop();
     owner[c] = r;
-    load[r] = l + costs[c];
-    mine[r].push_back(c);
-    if (static_cast<std::int64_t>(mine[r].size()) < per_rank) open.push({load[r], r});
+    if (count + 1 < per_rank) open.push({load + costs[c], r, count + 1});
   }
+  return owner;
+}
 
-  // Refinement: swap one chunk of the heaviest rank with a lighter chunk of a lighter rank, the
-  // swap whose cost difference is closest to half the gap, until no swap lowers the heaviest.
+// Swap one chunk of the heaviest rank with a lighter chunk of a lighter rank, the swap whose cost
+// difference is closest to half the gap, until no swap lowers the heaviest rank.
+void refine(const std::vector<std::int64_t>& costs, int world, std::vector<int>& owner) {
+  std::vector<std::int64_t> load(world, 0);
+  std::vector<std::vector<std::int64_t>> mine(world);
+  for (std::size_t c = 0; c < owner.size(); ++c) {
+    load[owner[c]] += costs[c];
+    mine[owner[c]].push_back(static_cast<std::int64_t>(c));
+  }
+  auto by_cost = [&](std::int64_t a, std::int64_t b) {
+    return costs[a] < costs[b] || (costs[a] == costs[b] && a < b);
+  };
   std::vector<int> by_load(world);
   const int max_rounds = 8 * world + 64;
   for (int round = 0; round < max_rounds; ++round) {
     std::iota(by_load.begin(), by_load.end(), 0);
-    std::stable_sort(by_load.begin(), by_load.end(), [&](int a, int b) { return load[a] < load[b]; });
+    std::stable_sort(by_load.begin(), by_load.end(),
+                     [&](int a, int b) { return load[a] < load[b]; });
     const int heavy = by_load.back();
     bool swapped = false;
     for (int light : by_load) {
       const std::int64_t gap = load[heavy] - load[light];
       if (gap <= 0) break;
       std::vector<std::int64_t>& lc = mine[light];
-      std::sort(lc.begin(), lc.end(), [&](auto a, auto b) { return costs[a] < costs[b] || (costs[a] == costs[b] && a < b); });
+      std::sort(lc.begin(), lc.end(), by_cost);
       std::int64_t best_d = 0, best_a = -1, best_b = -1;
       for (std::size_t ai = 0; ai < mine[heavy].size(); ++ai) {
         const std::int64_t a = mine[heavy][ai];
         // Want costs[b] near costs[a] - gap / 2, with 0 < costs[a] - costs[b] < gap.
         const std::int64_t target = costs[a] - gap / 2;
-        auto it = std::lower_bound(lc.begin(), lc.end(), target, [&](std::int64_t b, std::int64_t t) { return costs[b] < t; });
+        auto it = std::lower_bound(lc.begin(), lc.end(), target,
+                                   [&](std::int64_t b, std::int64_t t) { return costs[b] < t; });
         for (auto cand : {it, it == lc.begin() ? lc.end() : std::prev(it)}) {
           if (cand == lc.end()) continue;
           const std::int64_t d = costs[a] - costs[*cand];
           if (d <= 0 || d >= gap) continue;
-          if (std::min(d, gap - d) > std::min(best_d, gap - best_d) || best_a < 0)
+          if (best_a < 0 || std::min(d, gap - d) > std::min(best_d, gap - best_d))
             best_d = d, best_a = static_cast<std::int64_t>(ai), best_b = cand - lc.begin();
         }
       }
@@ -122,6 +138,29 @@ std::vector<int> assign_chunks(const std::vector<std::int64_t>& costs, int world
     }
     if (!swapped) break;
   }
+}
+
+}  // namespace
+
+std::vector<int> assign_chunks(const std::vector<std::int64_t>& costs, int world) {
+  const std::int64_t n = static_cast<std::int64_t>(costs.size());
+  const std::int64_t per_rank = n / world;
+  // Runs of kRunLength neighbouring chunks are placed together first: neighbours attend mostly the
+  // same keys, so a rank holding runs receives fewer, longer K/V ranges. Single chunks then move
+  // between ranks to even out what the runs left.
+  std::int64_t run = 1;
+  for (std::int64_t g = kRunLength; g > 1; --g)
+    if (per_rank % g == 0) {
+      run = g;
+      break;
+    }
+  std::vector<std::int64_t> run_costs(n / run, 0);
+  for (std::int64_t c = 0; c < n; ++c) run_costs[c / run] += costs[c];
+  std::vector<int> run_owner = greedy(run_costs, world);
+  refine(run_costs, world, run_owner);
+  std::vector<int> owner(n);
+  for (std::int64_t c = 0; c < n; ++c) owner[c] = run_owner[c / run];
+  refine(costs, world, owner);
   return owner;
 }
 

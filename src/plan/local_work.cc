@@ -34,14 +34,16 @@ void build_local_work(const std::vector<Band>& bands, const ChunkIndex& q_index,
   std::vector<Segment> segments;
   std::int64_t offset = 0;
   for (const Range& r : rp.k_tokens) {
-    segments.push_back({r, offset, 0});
+    // NOTE: empty chunks are left out: the lookup below needs segment ends increasing.
+    if (!r.empty()) segments.push_back({r, offset, 0});
     offset += r.size();
   }
   for (const RemoteRange& r : rp.recv) {
     segments.push_back({r.tokens, offset, r.stage});
     offset += r.tokens.size();
   }
-  std::sort(segments.begin(), segments.end(), [](auto& a, auto& b) { return a.global.begin < b.global.begin; });
+  std::sort(segments.begin(), segments.end(),
+            [](auto& a, auto& b) { return a.global.begin < b.global.begin; });
   rp.stage_work.assign(num_stages + 1, {});
   rp.stage_area.assign(num_stages + 1, 0);
   std::int64_t local_row = 0;
@@ -52,12 +54,15 @@ void build_local_work(const std::vector<Band>& bands, const ChunkIndex& q_index,
       const Band& b = bands[q_index.band_ids[i]];
       const TileSpan s = band_tile_span(b, rows.begin, rows.end);
       if (s.span_begin >= s.span_end) continue;
-      auto seg = std::upper_bound(segments.begin(), segments.end(), s.span_begin,
-                                  [](std::int64_t x, const Segment& g) { return x < g.global.end; });
+      auto seg =
+          std::upper_bound(segments.begin(), segments.end(), s.span_begin,
+                           [](std::int64_t x, const Segment& g) { return x < g.global.end; });
       for (; seg != segments.end() && seg->global.begin < s.span_end; ++seg) {
-        const Band local = clip_and_shift(b, rows, seg->global, dr, seg->local_begin - seg->global.begin);
+        const Band local =
+            clip_and_shift(b, rows, seg->global, dr, seg->local_begin - seg->global.begin);
         if (local.row_begin >= local.row_end) continue;
-        rp.stage_area[seg->stage] += band_area(local, local.row_begin, local.row_end, local.begin_min, local.end_max);
+        rp.stage_area[seg->stage] +=
+            band_area(local, local.row_begin, local.row_end, local.begin_min, local.end_max);
         rp.stage_work[seg->stage].push_back(local);
       }
     }

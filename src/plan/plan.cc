@@ -29,12 +29,15 @@ void check_options(const Mask& mask, const PlanOptions& o) {
   const std::int64_t tq = mask.seqlen_q();
   if (o.world_size < 1) fail("world_size is " + std::to_string(o.world_size) + ", expected >= 1");
   if (o.world_size > tq)
-    fail("world_size " + std::to_string(o.world_size) + " is larger than seqlen_q " + std::to_string(tq) +
-         ": every rank needs at least one token");
-  if (o.chunk_size < 0) fail("chunk_size is " + std::to_string(o.chunk_size) + ", expected >= 0 (0: automatic)");
+    fail("world_size " + std::to_string(o.world_size) + " is larger than seqlen_q " +
+         std::to_string(tq) + ": every rank needs at least one token");
+  if (o.chunk_size < 0)
+    fail("chunk_size is " + std::to_string(o.chunk_size) + ", expected >= 0 (0: automatic)");
   if (o.chunk_size > tq)
-    fail("chunk_size " + std::to_string(o.chunk_size) + " is larger than the sequence (" + std::to_string(tq) + " tokens)");
-  if (o.gpus_per_node < 0) fail("gpus_per_node is " + std::to_string(o.gpus_per_node) + ", expected >= 0");
+    fail("chunk_size " + std::to_string(o.chunk_size) + " is larger than the sequence (" +
+         std::to_string(tq) + " tokens)");
+  if (o.gpus_per_node < 0)
+    fail("gpus_per_node is " + std::to_string(o.gpus_per_node) + ", expected >= 0");
   if (o.num_stages < 0 || o.num_stages > 64)
     fail("num_stages is " + std::to_string(o.num_stages) + ", expected 0 (automatic) to 64");
   if (o.heads_q < 1 || o.heads_kv < 1 || o.head_dim < 1 || o.element_bytes < 1)
@@ -96,8 +99,9 @@ Plan make_plan(const Mask& mask, const PlanOptions& options) {
   // Stage count: the one whose slowest rank finishes first under the cost model.
   bool any_remote = false;
   for (const auto& n : needs) any_remote = any_remote || !n.empty();
+  std::vector<Staging> staging(world);
+  for (int r = 0; r < world; ++r) staging[r] = price_pieces(local_area[r], needs[r], r, options);
   int stages = options.num_stages;
-  std::vector<std::vector<int>> stage_of(world);
   if (!any_remote) {
     stages = 0;
   } else if (stages == 0) {
@@ -105,12 +109,15 @@ Plan make_plan(const Mask& mask, const PlanOptions& options) {
     for (int s = 1; s <= kMaxAutoStages; ++s) {
       double slowest = 0;
       for (int r = 0; r < world; ++r)
-        slowest = std::max(slowest, simulate(local_area[r], needs[r], stage_pieces(needs[r], r, s, options), s, r, options).total_us);
+        slowest = std::max(slowest, simulate(staging[r], s, options).total_us);
       if (s == 1 || slowest < best) best = slowest, stages = s;
     }
   }
-  for (int r = 0; r < world; ++r) stage_of[r] = stage_pieces(needs[r], r, std::max(stages, 1), options);
+  std::vector<std::vector<int>> stage_of(world);
+  for (int r = 0; r < world; ++r) stage_of[r] = stage_pieces(staging[r], std::max(stages, 1));
   plan.num_stages = stages;
+  // Every rank needs the items it sends (as owner), which depend on everyone's needs.
+  plan.casts = group_casts(needs, world);
   plan.global_ms = ms_since(t_global);
 
   const std::int64_t bpt = kv_bytes_per_token(options);
@@ -122,37 +129,43 @@ Plan make_plan(const Mask& mask, const PlanOptions& options) {
       rp.num_q_tokens += plan.chunks[c].size();
     }
     for (std::size_t c = 0; c < kv.chunks.size(); ++c)
-      if (kv.owner[c] == r) rp.k_tokens.push_back(kv.chunks[c]), rp.num_k_tokens += kv.chunks[c].size();
+      if (kv.owner[c] == r)
+        rp.k_tokens.push_back(kv.chunks[c]), rp.num_k_tokens += kv.chunks[c].size();
     for (std::size_t i = 0; i < needs[r].size(); ++i) {
       rp.recv.push_back({needs[r][i].owner, needs[r][i].tokens, stage_of[r][i]});
       rp.recv_tokens += needs[r][i].tokens.size();
     }
-    std::stable_sort(rp.recv.begin(), rp.recv.end(), [](const RemoteRange& a, const RemoteRange& b) {
-      return a.stage != b.stage ? a.stage < b.stage : a.owner != b.owner ? a.owner < b.owner : a.tokens.begin < b.tokens.begin;
-    });
+    std::stable_sort(rp.recv.begin(), rp.recv.end(),
+                     [](const RemoteRange& a, const RemoteRange& b) {
+                       return a.stage != b.stage   ? a.stage < b.stage
+                              : a.owner != b.owner ? a.owner < b.owner
+                                                   : a.tokens.begin < b.tokens.begin;
+                     });
     build_local_work(bands, q_index, rp, stages);
     for (std::int64_t a : rp.stage_area) rp.area += a;
     const std::int64_t num_cols = rp.num_k_tokens + rp.recv_tokens;
     for (const auto& work : rp.stage_work)
-      build_work_list(work, rp.num_q_tokens, num_cols, {WorkListOrder::kRowMajor, kPlanTileRows, kPlanBlockCols});
-    const Timeline t = simulate(local_area[r], needs[r], stage_of[r], std::max(stages, 1), r, options);
+      build_work_list(work, rp.num_q_tokens, num_cols,
+                      {WorkListOrder::kRowMajor, kPlanTileRows, kPlanBlockCols});
+    const Timeline t = simulate(staging[r], std::max(stages, 1), options);
     rp.predicted_us = t.total_us;
     rp.exposed_comm_us = t.exposed_us;
     plan.slowest_rank_ms = std::max(plan.slowest_rank_ms, ms_since(t_rank));
   }
 
-  plan.casts = group_casts(needs, world);
   for (const CastItem& item : plan.casts) {
     const std::int64_t bytes = item.tokens.size() * bpt;
-    plan.ranks[item.owner].send_tokens += item.tokens.size() * static_cast<std::int64_t>(item.dests.size());
+    plan.ranks[item.owner].send_tokens +=
+        item.tokens.size() * static_cast<std::int64_t>(item.dests.size());
     // Hierarchical: one crossing per remote node, then a fan-out inside that node.
     const int home = node_of(item.owner, options);
     std::vector<int> nodes;
     for (int d : item.dests) nodes.push_back(node_of(d, options));
     std::sort(nodes.begin(), nodes.end());
     nodes.erase(std::unique(nodes.begin(), nodes.end()), nodes.end());
-    const std::int64_t remote_nodes = static_cast<std::int64_t>(nodes.size()) -
-                                      (std::binary_search(nodes.begin(), nodes.end(), home) ? 1 : 0);
+    const std::int64_t remote_nodes =
+        static_cast<std::int64_t>(nodes.size()) -
+        (std::binary_search(nodes.begin(), nodes.end(), home) ? 1 : 0);
     plan.comm_bytes_inter += remote_nodes * bytes;
     plan.comm_bytes_intra += (static_cast<std::int64_t>(item.dests.size()) - remote_nodes) * bytes;
   }
@@ -163,15 +176,18 @@ Plan make_plan(const Mask& mask, const PlanOptions& options) {
     max_area = std::max(max_area, rp.area);
     plan.predicted_us = std::max(plan.predicted_us, rp.predicted_us);
   }
-  plan.imbalance = total_area > 0 ? static_cast<double>(max_area) / (static_cast<double>(total_area) / world) : 1.0;
+  plan.imbalance = total_area > 0
+                       ? static_cast<double>(max_area) / (static_cast<double>(total_area) / world)
+                       : 1.0;
   price_baselines(mask, bands, plan);
   return plan;
 }
 
 std::vector<std::int64_t> Plan::position_ids(int rank) const {
   if (rank < 0 || rank >= static_cast<int>(ranks.size()))
-    throw Error(Status::kInvalidArgument, "Plan::position_ids: rank " + std::to_string(rank) + " is outside [0, " +
-                                              std::to_string(ranks.size()) + ")");
+    throw Error(Status::kInvalidArgument, "Plan::position_ids: rank " + std::to_string(rank) +
+                                              " is outside [0, " + std::to_string(ranks.size()) +
+                                              ")");
   std::vector<std::int64_t> ids;
   for (const Range& r : ranks[rank].q_tokens)
     for (std::int64_t t = r.begin; t < r.end; ++t) ids.push_back(t);

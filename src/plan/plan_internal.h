@@ -1,6 +1,7 @@
 // Pieces of the planner shared between its files. The order of make_plan: cut and assign chunks
-// (dispatch.cc), find each rank's K/V needs (needs.cc), choose stages and casts (stages.cc), rewrite
-// each rank's work in local coordinates (local_work.cc), price the baselines (baselines.cc).
+// (dispatch.cc), find each rank's K/V needs (needs.cc), choose stages and casts (stages.cc),
+// rewrite each rank's work in local coordinates (local_work.cc), price the baselines
+// (baselines.cc).
 #pragma once
 
 #include <cstdint>
@@ -36,29 +37,35 @@ struct Piece {
   std::int64_t area;
 };
 struct KvLayout {
-  std::vector<Range> chunks;   // K/V token chunks in global order
+  std::vector<Range> chunks;  // K/V token chunks in global order
   std::vector<int> owner;
 };
 std::vector<Piece> remote_needs(const std::vector<Band>& bands, const ChunkIndex& q_index,
-                                const std::vector<std::int64_t>& own_q_chunks,
-                                const KvLayout& kv, int rank, std::int64_t* local_area);
+                                const std::vector<std::int64_t>& own_q_chunks, const KvLayout& kv,
+                                int rank, std::int64_t* local_area);
 
 // stages.cc
 int node_of(int rank, const PlanOptions& options);
 double compute_us(std::int64_t area, const PlanOptions& options);
 double transfer_us(std::int64_t tokens, bool same_node, const PlanOptions& options);
 std::int64_t kv_bytes_per_token(const PlanOptions& options);
-// Stage (1..num_stages) of each piece of one rank: pieces ordered by owner distance, cut into
-// num_stages groups of about equal tokens.
-std::vector<int> stage_pieces(const std::vector<Piece>& pieces, int rank, int num_stages,
-                              const PlanOptions& options);
+// One rank's pieces priced once (nearest owners first), so that trying stage counts is linear.
+struct Staging {
+  std::vector<std::size_t> order;    // pieces by ring distance of their owner, then position
+  std::vector<double> comm_us;       // per piece, in `order`
+  std::vector<double> compute_us;    // per piece, in `order`
+  std::vector<std::int64_t> tokens;  // per piece, in `order`
+  double local_us = 0;
+};
+Staging price_pieces(std::int64_t local_area, const std::vector<Piece>& pieces, int rank,
+                     const PlanOptions& options);
+// Stage (1..num_stages) of each piece: `order` cut into num_stages groups of about equal tokens.
+std::vector<int> stage_pieces(const Staging& staging, int num_stages);
 struct Timeline {
   double total_us = 0;
   double exposed_us = 0;
 };
-Timeline simulate(std::int64_t local_area, const std::vector<Piece>& pieces,
-                  const std::vector<int>& stage, int num_stages, int rank,
-                  const PlanOptions& options);
+Timeline simulate(const Staging& staging, int num_stages, const PlanOptions& options);
 std::vector<CastItem> group_casts(const std::vector<std::vector<Piece>>& needs, int world);
 
 // local_work.cc: rank's work per stage as bands in local coordinates.

@@ -8,50 +8,76 @@
 
 namespace flexcp::plan_detail {
 
-int node_of(int rank, const PlanOptions& o) { return o.gpus_per_node > 0 ? rank / o.gpus_per_node : 0; }
+int node_of(int rank, const PlanOptions& o) {
+  return o.gpus_per_node > 0 ? rank / o.gpus_per_node : 0;
+}
 
 double compute_us(std::int64_t area, const PlanOptions& o) {
-  const double flops = 4.0 * static_cast<double>(area) * static_cast<double>(o.head_dim * o.heads_q);
+  const double flops =
+      4.0 * static_cast<double>(area) * static_cast<double>(o.head_dim * o.heads_q);
   return flops / (o.cost.kernel_tflops * 1e12) * 1e6;
 }
 
-std::int64_t kv_bytes_per_token(const PlanOptions& o) { return 2 * o.heads_kv * o.head_dim * o.element_bytes; }
+std::int64_t kv_bytes_per_token(const PlanOptions& o) {
+  return 2 * o.heads_kv * o.head_dim * o.element_bytes;
+}
 
 double transfer_us(std::int64_t tokens, bool same_node, const PlanOptions& o) {
   const double gbps = same_node ? o.cost.intra_node_gbps : o.cost.inter_node_gbps;
   return static_cast<double>(tokens * kv_bytes_per_token(o)) / (gbps * 1e9) * 1e6;
 }
 
-std::vector<int> stage_pieces(const std::vector<Piece>& pieces, int rank, int num_stages,
-                              const PlanOptions& o) {
+Staging price_pieces(std::int64_t local_area, const std::vector<Piece>& pieces, int rank,
+                     const PlanOptions& o) {
+  Staging st;
+  st.local_us = compute_us(local_area, o);
   // Nearest owners first (ring distance), so early stages lean on short, intra-node hops.
-  std::vector<std::size_t> order(pieces.size());
-  std::iota(order.begin(), order.end(), 0);
+  st.order.resize(pieces.size());
+  std::iota(st.order.begin(), st.order.end(), 0);
   const int world = o.world_size;
   auto distance = [&](int owner) { return (owner - rank + world) % world; };
-  std::stable_sort(order.begin(), order.end(),
-                   [&](auto a, auto b) { return distance(pieces[a].owner) < distance(pieces[b].owner); });
-  std::int64_t total = 0;
-  for (const Piece& p : pieces) total += p.tokens.size();
-  std::vector<int> stage(pieces.size(), 1);
-  std::int64_t sent = 0;
-  for (std::size_t i : order) {
-    // Stage by the token count before this piece: cut into num_stages equal shares.
-    const std::int64_t s = total > 0 ? sent * num_stages / total : 0;
-    stage[i] = static_cast<int>(std::min<std::int64_t>(s, num_stages - 1)) + 1;
-    sent += pieces[i].tokens.size();
+  std::stable_sort(st.order.begin(), st.order.end(), [&](auto a, auto b) {
+    return distance(pieces[a].owner) < distance(pieces[b].owner);
+  });
+  for (std::size_t i : st.order) {
+    const Piece& p = pieces[i];
+    st.comm_us.push_back(transfer_us(p.tokens.size(), node_of(p.owner, o) == node_of(rank, o), o));
+    st.compute_us.push_back(compute_us(p.area, o));
+    st.tokens.push_back(p.tokens.size());
   }
+  return st;
+}
+
+namespace {
+
+// Calls fn(position in order, stage) with stages cutting the tokens into equal shares.
+template <class Fn>
+void for_each_stage(const Staging& st, int num_stages, Fn&& fn) {
+  std::int64_t total = 0;
+  for (std::int64_t t : st.tokens) total += t;
+  std::int64_t sent = 0;
+  for (std::size_t i = 0; i < st.order.size(); ++i) {
+    const std::int64_t s = total > 0 ? sent * num_stages / total : 0;
+    fn(i, static_cast<int>(std::min<std::int64_t>(s, num_stages - 1)) + 1);
+    sent += st.tokens[i];
+  }
+}
+
+}  // namespace
+
+std::vector<int> stage_pieces(const Staging& st, int num_stages) {
+  std::vector<int> stage(st.order.size(), 1);
+  for_each_stage(st, num_stages, [&](std::size_t i, int s) { stage[st.order[i]] = s; });
   return stage;
 }
 
-Timeline simulate(std::int64_t local_area, const std::vector<Piece>& pieces,
-                  const std::vector<int>& stage, int num_stages, int rank, const PlanOptions& o) {
+Timeline simulate(const Staging& st, int num_stages, const PlanOptions& o) {
   std::vector<double> comm(num_stages + 1, 0.0), compute(num_stages + 1, 0.0);
-  compute[0] = compute_us(local_area, o);
-  for (std::size_t i = 0; i < pieces.size(); ++i) {
-    comm[stage[i]] += transfer_us(pieces[i].tokens.size(), node_of(pieces[i].owner, o) == node_of(rank, o), o);
-    compute[stage[i]] += compute_us(pieces[i].area, o);
-  }
+  compute[0] = st.local_us;
+  for_each_stage(st, num_stages, [&](std::size_t i, int s) {
+    comm[s] += st.comm_us[i];
+    compute[s] += st.compute_us[i];
+  });
   // Transfers run back to back from t = 0; a stage computes once its data is in and the previous
   // stage is done.
   double arrived = 0, done = compute[0], busy = compute[0];
@@ -82,8 +108,10 @@ std::vector<CastItem> group_casts(const std::vector<std::vector<Piece>>& needs, 
       const std::int64_t pos = ev[i].first;
       for (; i < ev.size() && ev[i].first == pos; ++i) {
         const int dest = std::abs(ev[i].second) - 1;
-        if (ev[i].second > 0) ++active[dest];
-        else if (--active[dest] == 0) active.erase(dest);
+        if (ev[i].second > 0)
+          ++active[dest];
+        else if (--active[dest] == 0)
+          active.erase(dest);
       }
       if (active.empty() || i == ev.size()) continue;
       std::vector<int> dests;

@@ -176,11 +176,55 @@ TEST_F(Cli, BenchPrintsJsonAndRunChecksItself) {
 }
 
 TEST_F(Cli, HelpOnEverySubcommand) {
-  for (const char* sub : {"", "run", "attn", "bench", "mask"}) {
+  for (const char* sub : {"", "run", "plan", "attn", "bench", "mask"}) {
     const Result r = run_cli(std::string(sub) + " --help");
     EXPECT_EQ(r.code, 0) << sub;
     EXPECT_NE(r.output.find("Usage"), std::string::npos) << sub;
   }
+}
+
+}  // namespace
+}  // namespace flexcp
+
+namespace flexcp {
+namespace {
+
+TEST_F(Cli, PlanJsonHasTheContractKeysAndAgreesWithTheLibrary) {
+  std::ofstream(path("docs.txt")) << "300\n1200\n80\n2500\n";
+  const std::string mask = "--mask varlen-causal --seqlen 8192 --doc-lens " + path("docs.txt");
+  const Result r = run_cli("plan " + mask + " --world 4 --json");
+  ASSERT_EQ(r.code, 0) << r.output;
+  const auto j = nlohmann::json::parse(r.output);
+  for (const char* key : {"imbalance", "comm_bytes_fwd", "plan_ms", "baselines"})
+    EXPECT_TRUE(j.contains(key)) << key;
+  for (const char* b : {"ring", "ulysses", "allgather"})
+    EXPECT_TRUE(j["baselines"][b].contains("comm_bytes_fwd")) << b;
+  PlanOptions o;
+  o.world_size = 4;
+  const Plan plan =
+      make_plan(masks::varlen_causal(masks::pack_lengths({300, 1200, 80, 2500}, 8192, 2048)), o);
+  EXPECT_EQ(j["comm_bytes_fwd"].get<std::int64_t>(), plan.comm_bytes_fwd);
+  EXPECT_EQ(j["baselines"]["ring"]["comm_bytes_fwd"].get<std::int64_t>(), plan.ring.comm_bytes_fwd);
+  EXPECT_DOUBLE_EQ(j["imbalance"].get<double>(), plan.imbalance);
+  const Result text = run_cli("plan " + mask + " --world 4");
+  ASSERT_EQ(text.code, 0) << text.output;
+  EXPECT_NE(text.output.find("imbalance"), std::string::npos);
+  EXPECT_NE(text.output.find("ring"), std::string::npos);
+  const Result bad = run_cli("plan " + mask + " --world 4 --chunk 9000");
+  EXPECT_EQ(bad.code, 2);
+  EXPECT_NE(bad.output.find("chunk_size 9000 is larger than the sequence (8192 tokens)"),
+            std::string::npos)
+      << bad.output;
+}
+
+TEST_F(Cli, MaskWithWorldColoursByRank) {
+  const Result r = run_cli("mask --mask causal --seqlen 4096 --world 4 --out " + path("w.svg"));
+  ASSERT_EQ(r.code, 0) << r.output;
+  std::ifstream in(path("w.svg"));
+  const std::string svg((std::istreambuf_iterator<char>(in)), {});
+  EXPECT_NE(svg.find("hsl(0,"), std::string::npos);
+  EXPECT_NE(svg.find("hsl(270,"), std::string::npos);  // rank 3 of 4
+  EXPECT_NE(svg.find("url(#moved)"), std::string::npos);
 }
 
 }  // namespace

@@ -13,12 +13,13 @@ namespace {
 
 struct DrawArgs {
   MaskArgs mask;
+  PlanOptions plan{.world_size = 0};  // world_size > 0: colour by owning rank
   std::string out;
   int cells = 512;
 };
 
 constexpr int kShades = 16;  // density levels; equal neighbours merge into one rectangle
-constexpr int kCellPixels = 1;
+constexpr std::int64_t kPicturePixels = 1024;  // cells grow to fill about this many pixels
 constexpr int kMargin = 40;
 
 void draw(const DrawArgs& a) {
@@ -32,6 +33,21 @@ void draw(const DrawArgs& a) {
   const std::int64_t step = std::max<std::int64_t>(1, (std::max(tq, tk) + a.cells - 1) / a.cells);
   const std::int64_t rows = (tq + step - 1) / step, cols = (tk + step - 1) / step;
   std::vector<std::int64_t> area(static_cast<std::size_t>(rows * cols), 0);
+  // With --world: the rank owning each cell's queries, and whether its K/V lives elsewhere.
+  std::vector<int> q_rank, kv_rank;
+  if (a.plan.world_size > 0) {
+    const Plan plan = make_plan(mask, a.plan);
+    q_rank.assign(rows, 0);
+    kv_rank.assign(cols, 0);
+    const std::vector<int> owner = plan.global_to_rank_q();
+    for (std::int64_t r = 0; r < rows; ++r) q_rank[r] = owner[r * step];
+    for (std::size_t rank = 0; rank < plan.ranks.size(); ++rank)
+      for (const Range& k : plan.ranks[rank].k_tokens)
+        for (std::int64_t c = (k.begin + step - 1) / step; c * step < k.end; ++c)
+          kv_rank[c] = static_cast<int>(rank);
+  }
+  const bool by_rank = !q_rank.empty();
+  const std::int64_t kCellPixels = std::max<std::int64_t>(1, kPicturePixels / std::max(rows, cols));
   // Each slice visits only the cells of its bounding box.
   for (const Slice& s : mask.slices()) {
     if (s.q.empty() || s.k.empty()) continue;
@@ -41,17 +57,24 @@ void draw(const DrawArgs& a) {
                                          {c * step, std::min(tk, (c + 1) * step)});
   }
   std::ofstream out(a.out);
-  const std::int64_t width = cols * kCellPixels + 2 * kMargin,
+  const std::int64_t width = std::max<std::int64_t>(cols * kCellPixels + 2 * kMargin, 720),
                      height = rows * kCellPixels + 2 * kMargin;
   out << "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"" << width << "\" height=\"" << height
       << "\" font-family=\"sans-serif\" font-size=\"12\">\n"
       << "<rect width=\"100%\" height=\"100%\" fill=\"white\"/>\n"
       << "<text x=\"" << kMargin << "\" y=\"" << kMargin - 22 << "\">k: 0 .. " << tk
       << " (columns)   area " << mask.area() << " of " << tq * tk << " pairs, "
-      << mask.slices().size() << " slices</text>\n"
+      << mask.slices().size() << " slices"
+      << (by_rank ? "; colour: rank owning the queries (" + std::to_string(a.plan.world_size) +
+                        " ranks), hatched: K/V received from another rank"
+                  : std::string())
+      << "</text>\n"
       << "<text x=\"" << kMargin - 6 << "\" y=\"" << kMargin
       << "\" text-anchor=\"end\" transform=\"rotate(-90 " << kMargin - 6 << " " << kMargin
       << ")\">q: 0 .. " << tq << "</text>\n"
+      << "<defs><pattern id=\"moved\" width=\"4\" height=\"4\" patternUnits=\"userSpaceOnUse\">"
+      << "<path d=\"M0,4 L4,0\" stroke=\"black\" stroke-opacity=\"0.5\" "
+         "stroke-width=\"1\"/></pattern></defs>\n"
       << "<g transform=\"translate(" << kMargin << " " << kMargin << ")\">\n"
       << "<rect width=\"" << cols * kCellPixels << "\" height=\"" << rows * kCellPixels
       << "\" fill=\"none\" stroke=\"#888\"/>\n";
@@ -64,14 +87,24 @@ void draw(const DrawArgs& a) {
         const std::int64_t pairs = area[r * cols + col];
         return pairs == 0 ? 0 : 1 + static_cast<int>((kShades - 1) * pairs / cell);
       };
+      // Runs of equal shade (and, by rank, equal moved-ness) become one rectangle.
+      auto moved = [&](std::int64_t col) { return by_rank && kv_rank[col] != q_rank[r]; };
       const int level = shade(c);
       std::int64_t end = c + 1;
-      while (end < cols && shade(end) == level) ++end;
-      if (level > 0)
-        out << "<rect x=\"" << c * kCellPixels << "\" y=\"" << r * kCellPixels << "\" width=\""
-            << (end - c) * kCellPixels << "\" height=\"" << kCellPixels
-            << "\" fill=\"#1f4e9c\" fill-opacity=\"" << static_cast<double>(level) / kShades
-            << "\"/>\n";
+      while (end < cols && shade(end) == level && moved(end) == moved(c)) ++end;
+      if (level > 0) {
+        const std::string colour =
+            by_rank ? "hsl(" + std::to_string(q_rank[r] * 360 / std::max(1, a.plan.world_size)) +
+                          ",70%,45%)"
+                    : std::string("#1f4e9c");
+        const std::string geometry = "x=\"" + std::to_string(c * kCellPixels) + "\" y=\"" +
+                                     std::to_string(r * kCellPixels) + "\" width=\"" +
+                                     std::to_string((end - c) * kCellPixels) + "\" height=\"" +
+                                     std::to_string(kCellPixels) + "\"";
+        out << "<rect " << geometry << " fill=\"" << colour << "\" fill-opacity=\""
+            << static_cast<double>(level) / kShades << "\"/>\n";
+        if (moved(c)) out << "<rect " << geometry << " fill=\"url(#moved)\"/>\n";
+      }
       c = end;
     }
   }
@@ -88,6 +121,10 @@ void add_mask_command(CLI::App& app) {
   CLI::App* cmd = app.add_subcommand("mask", "Draw a mask (SVG)");
   add_mask_options(*cmd, args->mask);
   cmd->add_option("--out", args->out, "Output file (.svg)")->required();
+  cmd->add_option("--world", args->plan.world_size,
+                  "Colour by the rank owning each part (flexcp's plan)")
+      ->check(CLI::PositiveNumber);
+  cmd->add_option("--chunk", args->plan.chunk_size, "Chunk size for --world (default: automatic)");
   cmd->add_option("--cells", args->cells, "Cells along the longer side")
       ->check(CLI::Range(1, 4096))
       ->capture_default_str();

@@ -10,6 +10,7 @@ int main(int argc, char** argv) {
   app.require_subcommand(1);
   app.set_version_flag("--version", std::string(flexcp::version()));
   flexcp::tools::add_run_command(app);
+  flexcp::tools::add_plan_command(app);
   flexcp::tools::add_attn_command(app);
   flexcp::tools::add_bench_command(app);
   flexcp::tools::add_mask_command(app);
