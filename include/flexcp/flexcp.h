@@ -3,6 +3,8 @@
 
 #include "flexcp/attention.h"
 #include "flexcp/band.h"
+#include "flexcp/comm.h"
+#include "flexcp/dist_attention.h"
 #include "flexcp/export.h"
 #include "flexcp/mask.h"
 #include "flexcp/masks.h"

@@ -8,6 +8,13 @@
 namespace flexcp {
 namespace {
 
+std::vector<Band> mask_work(const Mask& mask) {
+  std::vector<Band> work;
+  work.reserve(mask.slices().size());
+  for (const Slice& s : mask.slices()) work.push_back(slice_band(s));
+  return work;
+}
+
 [[noreturn]] void no_device_kernel(const char* fn) {
   throw Error(Status::kNotCompiled, std::string(fn) +
                                         ": no CUDA kernel is compiled into this build yet; pass "
@@ -21,7 +28,7 @@ void forward(const TensorView& q, const TensorView& k, const TensorView& v, cons
   const AttentionShape s =
       check_forward_args("flexcp::forward", q, k, v, mask, out, lse, options, false);
   if (s.device != Device::kCpu) no_device_kernel("flexcp::forward");
-  cpu::forward(s, q, k, v, mask, out, lse, options);
+  cpu::forward(s, q, k, v, mask_work(mask), out, lse, options);
 }
 
 void backward(const TensorView& dout, const TensorView& q, const TensorView& k, const TensorView& v,
@@ -31,7 +38,7 @@ void backward(const TensorView& dout, const TensorView& q, const TensorView& k, 
   const AttentionShape s = check_backward_args("flexcp::backward", dout, q, k, v, out, lse, mask,
                                                dq, dk, dv, options, dsink, false);
   if (s.device != Device::kCpu) no_device_kernel("flexcp::backward");
-  cpu::backward(s, dout, q, k, v, out, lse, mask, dq, dk, dv, options, dsink);
+  cpu::backward(s, dout, q, k, v, out, lse, mask_work(mask), dq, dk, dv, options, dsink);
 }
 
 }  // namespace flexcp

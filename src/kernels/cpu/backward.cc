@@ -63,11 +63,13 @@ void finish_logits(float* sc, int ld, int rows, const AttentionOptions& options,
 }
 
 void key_pass(const AttentionShape& s, const RowStats& st, const TensorView& dout,
-              const TensorView& q, const TensorView& k, const TensorView& v, const Mask& mask,
-              const TensorView& dk, const TensorView& dv, const AttentionOptions& options) {
-  const WorkList list = build_work_list(mask, {.order = WorkListOrder::kColumnMajor,
-                                               .tile_rows = kKeyTileTokens,
-                                               .block_cols = kBlockCols});
+              const TensorView& q, const TensorView& k, const TensorView& v,
+              const std::vector<Band>& work, const TensorView& dk, const TensorView& dv,
+              const AttentionOptions& options) {
+  const WorkList list = build_work_list(work, s.seqlen_q, s.seqlen_k,
+                                        {.order = WorkListOrder::kColumnMajor,
+                                         .tile_rows = kKeyTileTokens,
+                                         .block_cols = kBlockCols});
   const int group = static_cast<int>(s.group());
   const int dp = round_up(static_cast<int>(s.head_dim), kLanes);
   const bool softcap = options.softcap > 0;
@@ -138,12 +140,13 @@ void key_pass(const AttentionShape& s, const RowStats& st, const TensorView& dou
 }
 
 void query_pass(const AttentionShape& s, const RowStats& st, const TensorView& dout,
-                const TensorView& q, const TensorView& k, const TensorView& v, const Mask& mask,
-                const TensorView& dq, const AttentionOptions& options) {
+                const TensorView& q, const TensorView& k, const TensorView& v,
+                const std::vector<Band>& work, const TensorView& dq,
+                const AttentionOptions& options) {
   const int group = static_cast<int>(s.group());
   const int tile_tokens = q_tile_tokens(group);
   const WorkList list = build_work_list(
-      mask,
+      work, s.seqlen_q, s.seqlen_k,
       {.order = WorkListOrder::kRowMajor, .tile_rows = tile_tokens, .block_cols = kBlockCols});
   const int dp = round_up(static_cast<int>(s.head_dim), kLanes);
   const int max_rows = tile_tokens * group;
@@ -229,11 +232,12 @@ void sink_grad(const AttentionShape& s, const RowStats& st, const AttentionOptio
 
 void backward(const AttentionShape& s, const TensorView& dout, const TensorView& q,
               const TensorView& k, const TensorView& v, const TensorView& out,
-              const TensorView& lse, const Mask& mask, const TensorView& dq, const TensorView& dk,
-              const TensorView& dv, const AttentionOptions& options, const TensorView& dsink) {
+              const TensorView& lse, const std::vector<Band>& work, const TensorView& dq,
+              const TensorView& dk, const TensorView& dv, const AttentionOptions& options,
+              const TensorView& dsink) {
   const RowStats st = row_stats(s, dout, out, lse);
-  key_pass(s, st, dout, q, k, v, mask, dk, dv, options);
-  query_pass(s, st, dout, q, k, v, mask, dq, options);
+  key_pass(s, st, dout, q, k, v, work, dk, dv, options);
+  query_pass(s, st, dout, q, k, v, work, dq, options);
   if (!options.sink.empty() && !dsink.empty()) sink_grad(s, st, options, dsink);
 }
 

@@ -12,12 +12,12 @@
 namespace flexcp::cpu {
 
 void forward(const AttentionShape& s, const TensorView& q, const TensorView& k, const TensorView& v,
-             const Mask& mask, const TensorView& out, const TensorView& lse,
+             const std::vector<Band>& work, const TensorView& out, const TensorView& lse,
              const AttentionOptions& options) {
   const int group = static_cast<int>(s.group());
   const int tile_tokens = q_tile_tokens(group);
   const WorkList list = build_work_list(
-      mask,
+      work, s.seqlen_q, s.seqlen_k,
       {.order = WorkListOrder::kRowMajor, .tile_rows = tile_tokens, .block_cols = kBlockCols});
   const int dp = round_up(static_cast<int>(s.head_dim), kLanes);
   const int max_rows = tile_tokens * group;

@@ -1,0 +1,86 @@
+// Distributed attention over a communicator (DESIGN §3): each rank holds its chunks of q, k and v
+// (the plan's dispatch), receives exactly the remote K/V its work needs in stages that overlap with
+// compute, and merges partial results through their LSE. The backward returns dK/dV partials of
+// received K/V to their owners (group-reduce).
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <vector>
+
+#include "flexcp/attention.h"
+#include "flexcp/comm.h"
+#include "flexcp/export.h"
+#include "flexcp/mask.h"
+#include "flexcp/plan.h"
+
+namespace flexcp {
+
+struct DistAttentionOptions {
+  // world_size, heads and head_dim come from the communicator and the shapes; the rest is used.
+  PlanOptions plan;
+  AttentionOptions attention;
+};
+
+struct StageTiming {
+  double wait_ms = 0;     // waiting for this stage's K/V (forward) or nothing (backward)
+  double compute_ms = 0;  // the kernel on this stage's work
+};
+
+struct DistStats {
+  std::int64_t fwd_bytes_received = 0;  // K and V, in the input dtype
+  std::int64_t fwd_bytes_sent = 0;
+  std::int64_t bwd_bytes_received = 0;  // dK and dV partials, fp32
+  std::int64_t bwd_bytes_sent = 0;
+  std::vector<StageTiming> forward;     // stage 0 (local) first
+  std::vector<StageTiming> backward;
+  double forward_ms = 0, backward_ms = 0;
+};
+
+class FLEXCP_API DistAttention {
+ public:
+  // Plans for `mask` on comm.size() ranks. Every rank must pass the same mask, shapes and options:
+  // this is checked (an all-gather of a fingerprint) before any data moves. `comm` must outlive
+  // this object.
+  DistAttention(const Mask& mask, Communicator& comm, std::int64_t heads_q, std::int64_t heads_kv,
+                std::int64_t head_dim, DType dtype, const DistAttentionOptions& options = {});
+  ~DistAttention();
+  DistAttention(const DistAttention&) = delete;
+  DistAttention& operator=(const DistAttention&) = delete;
+
+  const Plan& plan() const;
+  int rank() const;
+  std::int64_t local_q_tokens() const;
+  std::int64_t local_k_tokens() const;
+  // Global positions of this rank's q tokens, in local order (for RoPE).
+  std::vector<std::int64_t> position_ids() const;
+
+  // Global [T, H, D] tensors (the same on every rank) to this rank's rows, no communication.
+  void dispatch_q(const TensorView& global, const TensorView& local) const;
+  void dispatch_kv(const TensorView& global, const TensorView& local) const;
+  // Every rank's local rows back into the global tensor on every rank (collective).
+  void undispatch_q(const TensorView& local, const TensorView& global);
+  void undispatch_kv(const TensorView& local, const TensorView& global);
+
+  // Local shards: q [Tq_local, Hq, D], k and v [Tk_local, Hk, D], out [Tq_local, Hq, D] (input
+  // dtype), lse [Tq_local, Hq] fp32. Collective.
+  void forward(const TensorView& q, const TensorView& k, const TensorView& v, const TensorView& out,
+               const TensorView& lse);
+  // Gradients of forward; dk and dv are this rank's own K/V rows, with every rank's partials summed.
+  void backward(const TensorView& dout, const TensorView& q, const TensorView& k, const TensorView& v,
+                const TensorView& out, const TensorView& lse, const TensorView& dq,
+                const TensorView& dk, const TensorView& dv);
+
+  // The K/V columns this rank's work reads, [own rows, then received ranges in stage order]:
+  // k_buffer and v_buffer are [Tk_local + received, Hk, D] in the input dtype. Collective.
+  void gather_kv(const TensorView& k, const TensorView& v, const TensorView& k_buffer,
+                 const TensorView& v_buffer);
+
+  const DistStats& stats() const;
+
+ private:
+  struct Impl;
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace flexcp

@@ -1,0 +1,133 @@
+// The MPI communicator (host memory). Waits poll with a deadline so that a lost peer becomes an
+// error on this rank instead of a hang; a rank that fails calls abort() so the job ends everywhere.
+#include <mpi.h>
+
+#include <chrono>
+#include <climits>
+#include <cstdlib>
+#include <string>
+#include <thread>
+
+#include "core/env.h"
+#include "flexcp/comm.h"
+#include "flexcp/status.h"
+
+namespace flexcp {
+namespace {
+
+void check(int rc, const char* what) {
+  if (rc != MPI_SUCCESS) {
+    char text[MPI_MAX_ERROR_STRING];
+    int len = 0;
+    MPI_Error_string(rc, text, &len);
+    throw Error(Status::kCommError, std::string("MPI ") + what + ": " + std::string(text, len));
+  }
+}
+
+int count_of(std::size_t bytes) {
+  if (bytes > static_cast<std::size_t>(INT_MAX))
+    throw Error(Status::kInvalidArgument, "MPI message of " + std::to_string(bytes) + " bytes exceeds 2^31 - 1");
+  return static_cast<int>(bytes);
+}
+
+class MpiHandle final : public CommHandle {
+ public:
+  MpiHandle(std::vector<MPI_Request> requests, std::vector<int> peers, double timeout_s)
+      : requests_(std::move(requests)), peers_(std::move(peers)), timeout_s_(timeout_s) {}
+  ~MpiHandle() override {
+    // An unfinished handle (an exception unwinding) must not leave MPI writing into freed buffers.
+    for (MPI_Request& r : requests_)
+      if (r != MPI_REQUEST_NULL) MPI_Cancel(&r), MPI_Request_free(&r);
+  }
+  void wait() override {
+    const auto deadline = std::chrono::steady_clock::now() + std::chrono::duration<double>(timeout_s_);
+    for (;;) {
+      int done = 0;
+      check(MPI_Testall(static_cast<int>(requests_.size()), requests_.data(), &done, MPI_STATUSES_IGNORE), "Testall");
+      if (done) return;
+      if (std::chrono::steady_clock::now() > deadline) {
+        std::string waiting;
+        for (std::size_t i = 0; i < requests_.size(); ++i)
+          if (requests_[i] != MPI_REQUEST_NULL) waiting += (waiting.empty() ? "" : ", ") + std::to_string(peers_[i]);
+        throw Error(Status::kCommError, "flexcp: waited " + std::to_string(timeout_s_) +
+                                            " s for transfers with rank(s) " + waiting +
+                                            " (FLEXCP_COMM_TIMEOUT_S); a peer failed or is stuck");
+      }
+      std::this_thread::sleep_for(std::chrono::microseconds(50));
+    }
+  }
+
+ private:
+  std::vector<MPI_Request> requests_;
+  std::vector<int> peers_;
+  double timeout_s_;
+};
+
+class MpiCommunicator final : public Communicator {
+ public:
+  explicit MpiCommunicator(double timeout_s) : timeout_s_(timeout_s) {
+    int initialized = 0;
+    MPI_Initialized(&initialized);
+    if (!initialized) {
+      int provided = 0;
+      check(MPI_Init_thread(nullptr, nullptr, MPI_THREAD_FUNNELED, &provided), "Init_thread");
+      std::atexit([] {
+        int finalized = 0;
+        MPI_Finalized(&finalized);
+        if (!finalized) MPI_Finalize();
+      });
+    }
+    MPI_Comm_rank(MPI_COMM_WORLD, &rank_);
+    MPI_Comm_size(MPI_COMM_WORLD, &size_);
+  }
+  int rank() const override { return rank_; }
+  int size() const override { return size_; }
+
+  std::unique_ptr<CommHandle> start(const std::vector<SendOp>& sends, const std::vector<RecvOp>& recvs) override {
+    std::vector<MPI_Request> requests;
+    std::vector<int> peers;
+    for (const RecvOp& r : recvs) {
+      requests.emplace_back();
+      peers.push_back(r.peer);
+      check(MPI_Irecv(r.data, count_of(r.bytes), MPI_BYTE, r.peer, r.tag, MPI_COMM_WORLD, &requests.back()), "Irecv");
+    }
+    for (const SendOp& s : sends) {
+      requests.emplace_back();
+      peers.push_back(s.peer);
+      check(MPI_Isend(s.data, count_of(s.bytes), MPI_BYTE, s.peer, s.tag, MPI_COMM_WORLD, &requests.back()), "Isend");
+    }
+    return std::make_unique<MpiHandle>(std::move(requests), std::move(peers), timeout_s_);
+  }
+  void all_gather(const void* mine, std::size_t bytes, void* all) override {
+    check(MPI_Allgather(mine, count_of(bytes), MPI_BYTE, all, count_of(bytes), MPI_BYTE, MPI_COMM_WORLD), "Allgather");
+  }
+  void all_gather_v(const void* mine, const std::vector<std::size_t>& counts, void* all) override {
+    std::vector<int> c(size_), displs(size_);
+    std::size_t offset = 0;
+    for (int r = 0; r < size_; ++r) {
+      c[r] = count_of(counts.at(r));
+      displs[r] = count_of(offset);
+      offset += counts[r];
+    }
+    check(MPI_Allgatherv(mine, c[rank_], MPI_BYTE, all, c.data(), displs.data(), MPI_BYTE, MPI_COMM_WORLD), "Allgatherv");
+  }
+  void barrier() override { check(MPI_Barrier(MPI_COMM_WORLD), "Barrier"); }
+  [[noreturn]] void abort(int code) override {
+    MPI_Abort(MPI_COMM_WORLD, code);
+    std::exit(code);
+  }
+
+ private:
+  double timeout_s_;
+  int rank_ = 0, size_ = 1;
+};
+
+}  // namespace
+
+std::unique_ptr<Communicator> make_mpi_communicator(const MpiOptions& options) {
+  const double timeout = options.timeout_s > 0 ? options.timeout_s : env_double("FLEXCP_COMM_TIMEOUT_S");
+  if (!(timeout > 0)) throw Error(Status::kInvalidArgument, "FLEXCP_COMM_TIMEOUT_S must be > 0");
+  return std::make_unique<MpiCommunicator>(timeout);
+}
+
+}  // namespace flexcp

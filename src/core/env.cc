@@ -1,0 +1,36 @@
+#include "core/env.h"
+
+#include <cstdlib>
+#include <cstring>
+
+#include "flexcp/status.h"
+
+namespace flexcp {
+
+const std::vector<EnvVar>& env_vars() {
+  static const std::vector<EnvVar> vars = {
+      {"FLEXCP_COMM_TIMEOUT_S", "120",
+       "Seconds a communication wait may last before it fails with a communication error"},
+  };
+  return vars;
+}
+
+std::string env_value(const char* name) {
+  for (const EnvVar& v : env_vars())
+    if (std::strcmp(v.name, name) == 0) {
+      const char* set = std::getenv(name);
+      return set && *set ? set : v.default_value;
+    }
+  throw Error(Status::kInternal, std::string("environment variable ") + name + " is not declared");
+}
+
+double env_double(const char* name) {
+  const std::string value = env_value(name);
+  char* end = nullptr;
+  const double x = std::strtod(value.c_str(), &end);
+  if (end == value.c_str() || *end != '\0')
+    throw Error(Status::kInvalidArgument, std::string(name) + " is '" + value + "', expected a number");
+  return x;
+}
+
+}  // namespace flexcp

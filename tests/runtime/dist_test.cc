@@ -1,0 +1,220 @@
+// Distributed runtime tests, one process per rank under mpirun (ctest runs 1, 2, 3 and 4 ranks):
+// dispatch round trips bit-exact, K/V payloads that encode (rank, token) land where the plan says,
+// bytes moved equal the plan's prediction, forward and backward equal the single-rank kernels,
+// mismatched plans and silent peers become errors.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <random>
+
+#include "test_util.h"
+
+namespace flexcp {
+namespace {
+
+Communicator* g_comm = nullptr;
+
+using test::Tensor;
+
+Mask same_random_mask(std::uint64_t seed, std::int64_t tq, std::int64_t tk) {
+  std::mt19937_64 rng(seed);
+  return test::random_mask(rng, tq, tk);
+}
+
+TEST(Dist, DispatchAndUndispatchRoundTripBitExact) {
+  std::mt19937_64 rng(91);  // same seed on every rank: the same global tensors
+  const std::int64_t t = 203, h = 3, d = 16;
+  const Mask mask = same_random_mask(1, t, t);
+  DistAttention dist(mask, *g_comm, h, h, d, DType::kBFloat16);
+  Tensor global = test::random_tensor(rng, DType::kBFloat16, {t, h, d});
+  Tensor local(DType::kBFloat16, {dist.local_q_tokens(), h, d});
+  dist.dispatch_q(global.view, local.view);
+  const std::vector<std::int64_t> pos = dist.position_ids();
+  for (std::int64_t i = 0; i < dist.local_q_tokens(); ++i)
+    for (std::int64_t j = 0; j < h * d; ++j) ASSERT_EQ(local.get(i * h * d + j), global.get(pos[i] * h * d + j));
+  Tensor back(DType::kBFloat16, {t, h, d});
+  back.poison();
+  dist.undispatch_q(local.view, back.view);
+  EXPECT_EQ(back.bytes, global.bytes);
+  Tensor klocal(DType::kBFloat16, {dist.local_k_tokens(), h, d}), kback(DType::kBFloat16, {t, h, d});
+  dist.dispatch_kv(global.view, klocal.view);
+  kback.poison();
+  dist.undispatch_kv(klocal.view, kback.view);
+  EXPECT_EQ(kback.bytes, global.bytes);
+}
+
+TEST(Dist, KvPayloadsArriveWherePlannedAndBytesMatchThePlan) {
+  const std::int64_t t = 517, hk = 2, d = 8;
+  for (std::uint64_t seed : {2, 3, 4}) {
+    const Mask mask = seed == 4 ? masks::varlen_causal({100, 300, 17, 100}) : same_random_mask(seed, t, t);
+    const std::int64_t tk = mask.seqlen_k();
+    DistAttention dist(mask, *g_comm, 2 * hk, hk, d, DType::kFloat32);
+    const Plan& plan = dist.plan();
+    const int me = g_comm->rank();
+    // k encodes (token, head, dim); v encodes (holding rank, token): exact in fp32.
+    Tensor k(DType::kFloat32, {dist.local_k_tokens(), hk, d}), v(DType::kFloat32, {dist.local_k_tokens(), hk, d});
+    std::vector<std::int64_t> own;
+    for (const Range& r : plan.ranks[me].k_tokens)
+      for (std::int64_t x = r.begin; x < r.end; ++x) own.push_back(x);
+    for (std::size_t i = 0; i < own.size(); ++i)
+      for (std::int64_t j = 0; j < hk * d; ++j) {
+        k.set(i * hk * d + j, static_cast<double>(own[i] * 64 + j));
+        v.set(i * hk * d + j, static_cast<double>(me * 65536 + own[i]));
+      }
+    std::vector<std::int64_t> cols = own;
+    std::vector<int> holder(own.size(), me);
+    for (const RemoteRange& r : plan.ranks[me].recv)
+      for (std::int64_t x = r.tokens.begin; x < r.tokens.end; ++x) cols.push_back(x), holder.push_back(r.owner);
+    Tensor kb(DType::kFloat32, {static_cast<std::int64_t>(cols.size()), hk, d}), vb(kb);
+    kb.view.data = kb.bytes.data();
+    vb.view.data = vb.bytes.data();
+    kb.poison();
+    vb.poison();
+    dist.gather_kv(k.view, v.view, kb.view, vb.view);
+    for (std::size_t c = 0; c < cols.size(); ++c)
+      for (std::int64_t j = 0; j < hk * d; ++j) {
+        ASSERT_EQ(kb.get(c * hk * d + j), static_cast<double>(cols[c] * 64 + j)) << "column " << c;
+        ASSERT_EQ(vb.get(c * hk * d + j), static_cast<double>(holder[c] * 65536 + cols[c])) << "column " << c;
+      }
+    const std::int64_t bpt = 2 * hk * d * 4;
+    EXPECT_EQ(dist.stats().fwd_bytes_received, plan.ranks[me].recv_tokens * bpt);
+    std::vector<std::int64_t> all(g_comm->size());
+    const std::int64_t mine = dist.stats().fwd_bytes_received;
+    g_comm->all_gather(&mine, sizeof mine, all.data());
+    std::int64_t total = 0;
+    for (auto b : all) total += b;
+    EXPECT_EQ(total, plan.comm_bytes_fwd);
+    (void)tk;
+  }
+}
+
+struct Problem {
+  std::string name;
+  Mask mask;
+  std::int64_t hq, hk, d;
+  DType dtype;
+  double softcap = 0;
+  bool sink = false;
+};
+
+void check_against_single_rank(const Problem& p) {
+  SCOPED_TRACE(p.name + " on " + std::to_string(g_comm->size()) + " ranks");
+  std::mt19937_64 rng(7);
+  const std::int64_t tq = p.mask.seqlen_q(), tk = p.mask.seqlen_k();
+  Tensor q = test::random_tensor(rng, p.dtype, {tq, p.hq, p.d}, 2.0), k = test::random_tensor(rng, p.dtype, {tk, p.hk, p.d}, 2.0),
+         v = test::random_tensor(rng, p.dtype, {tk, p.hk, p.d}), dout = test::random_tensor(rng, p.dtype, {tq, p.hq, p.d}),
+         sink = test::random_tensor(rng, DType::kFloat32, {p.hq});
+  DistAttentionOptions o;
+  o.attention.softcap = p.softcap;
+  if (p.sink) o.attention.sink = sink.view;
+  // The single-rank result.
+  Tensor out(p.dtype, {tq, p.hq, p.d}), lse(DType::kFloat32, {tq, p.hq}), dq(p.dtype, {tq, p.hq, p.d}),
+      dk(p.dtype, {tk, p.hk, p.d}), dv(p.dtype, {tk, p.hk, p.d});
+  forward(q.view, k.view, v.view, p.mask, out.view, lse.view, o.attention);
+  backward(dout.view, q.view, k.view, v.view, out.view, lse.view, p.mask, dq.view, dk.view, dv.view, o.attention);
+  // Distributed.
+  DistAttention dist(p.mask, *g_comm, p.hq, p.hk, p.d, p.dtype, o);
+  const std::int64_t lq = dist.local_q_tokens(), lk = dist.local_k_tokens();
+  Tensor ql(p.dtype, {lq, p.hq, p.d}), kl(p.dtype, {lk, p.hk, p.d}), vl(p.dtype, {lk, p.hk, p.d}), dol(p.dtype, {lq, p.hq, p.d});
+  dist.dispatch_q(q.view, ql.view);
+  dist.dispatch_q(dout.view, dol.view);
+  dist.dispatch_kv(k.view, kl.view);
+  dist.dispatch_kv(v.view, vl.view);
+  Tensor ol(p.dtype, {lq, p.hq, p.d}), ll(DType::kFloat32, {lq, p.hq}), dql(p.dtype, {lq, p.hq, p.d}),
+      dkl(p.dtype, {lk, p.hk, p.d}), dvl(p.dtype, {lk, p.hk, p.d});
+  for (Tensor* t : {&ol, &ll, &dql, &dkl, &dvl}) t->poison();
+  dist.forward(ql.view, kl.view, vl.view, ol.view, ll.view);
+  dist.backward(dol.view, ql.view, kl.view, vl.view, ol.view, ll.view, dql.view, dkl.view, dvl.view);
+  Tensor og(p.dtype, {tq, p.hq, p.d}), dqg(p.dtype, {tq, p.hq, p.d}), dkg(p.dtype, {tk, p.hk, p.d}), dvg(p.dtype, {tk, p.hk, p.d});
+  dist.undispatch_q(ol.view, og.view);
+  dist.undispatch_q(dql.view, dqg.view);
+  dist.undispatch_kv(dkl.view, dkg.view);
+  dist.undispatch_kv(dvl.view, dvg.view);
+  // Stages merge in a different order than one kernel call: rounding differs by a few ulps of the
+  // output dtype (and the fp32 accumulations of the gradients).
+  const double ulp = p.dtype == DType::kFloat32 ? 1e-5 : (p.dtype == DType::kBFloat16 ? 1.6e-2 : 2e-3);
+  auto check = [&](const char* what, const Tensor& got, const Tensor& want, double scale) {
+    double worst = 0, mag = 0;
+    for (std::int64_t i = 0; i < want.numel(); ++i) {
+      ASSERT_FALSE(std::isnan(got.get(i))) << what << " " << i;
+      worst = std::max(worst, std::abs(got.get(i) - want.get(i)));
+      mag = std::max(mag, std::abs(want.get(i)));
+    }
+    EXPECT_LE(worst, ulp * scale * std::max(1.0, mag)) << what;
+  };
+  check("out", og, out, 1);
+  check("dq", dqg, dq, 2);
+  check("dk", dkg, dk, 2);
+  check("dv", dvg, dv, 2);
+  // lse: local rows against the single-rank rows.
+  const std::vector<std::int64_t> pos = dist.position_ids();
+  for (std::int64_t i = 0; i < lq; ++i)
+    for (std::int64_t h = 0; h < p.hq; ++h) {
+      const double want = lse.get(pos[i] * p.hq + h), got = ll.get(i * p.hq + h);
+      if (std::isinf(want)) ASSERT_EQ(got, want);
+      else ASSERT_NEAR(got, want, 1e-4);
+    }
+}
+
+TEST(Dist, ForwardAndBackwardEqualTheSingleRankKernels) {
+  std::vector<Problem> problems;
+  problems.push_back({"random", same_random_mask(5, 301, 301), 4, 2, 32, DType::kFloat32});
+  problems.push_back({"random-cross", same_random_mask(6, 150, 230), 2, 1, 32, DType::kFloat32});
+  problems.push_back({"varlen-causal-bf16", masks::varlen_causal({90, 400, 3, 160}), 8, 2, 64, DType::kBFloat16});
+  problems.push_back({"sliding-softcap-sink", masks::sliding_window({333, 200}, 45, masks::WindowKind::kSymmetric), 4, 1, 32,
+                      DType::kFloat32, 4.0, true});
+  problems.push_back({"block-causal", masks::block_causal({257, 190}, 64), 2, 2, 32, DType::kFloat32});
+  for (const Problem& p : problems) check_against_single_rank(p);
+}
+
+TEST(Dist, RanksWithDifferentPlansAreStoppedBeforeDataMoves) {
+  if (g_comm->size() < 2) GTEST_SKIP() << "needs 2 ranks";
+  const Mask mask = g_comm->rank() == 1 ? masks::causal(64, 64) : masks::full(64, 64);
+  try {
+    DistAttention dist(mask, *g_comm, 2, 2, 16, DType::kFloat32);
+    FAIL() << "no error";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.status(), Status::kInvalidUsage);
+    EXPECT_NE(std::string(e.what()).find("rank 1's mask, shapes or options differ from rank 0's"), std::string::npos) << e.what();
+  }
+}
+
+TEST(Dist, ASilentPeerIsAnErrorNotAHang) {
+  if (g_comm->size() < 2) GTEST_SKIP() << "needs 2 ranks";
+  // Every rank waits for a message nobody sends; each must give up after the timeout.
+  auto comm = make_mpi_communicator({.timeout_s = 0.5});
+  float buf = 0;
+  auto handle = comm->start({}, {{(comm->rank() + 1) % comm->size(), &buf, sizeof buf, 999}});
+  try {
+    handle->wait();
+    FAIL() << "no error";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.status(), Status::kCommError);
+    EXPECT_NE(std::string(e.what()).find("waited 0.5"), std::string::npos) << e.what();
+  }
+  handle.reset();  // cancels the receive
+  comm->barrier();
+}
+
+}  // namespace
+}  // namespace flexcp
+
+int main(int argc, char** argv) {
+  auto comm = flexcp::make_mpi_communicator();
+  flexcp::g_comm = comm.get();
+  ::testing::InitGoogleTest(&argc, argv);
+  if (comm->rank() != 0) {
+    // Other ranks report failures only (their assertions still count below).
+    auto& listeners = ::testing::UnitTest::GetInstance()->listeners();
+    delete listeners.Release(listeners.default_result_printer());
+  }
+  int failed = RUN_ALL_TESTS();
+  std::vector<int> all(comm->size());
+  comm->all_gather(&failed, sizeof failed, all.data());
+  for (int r = 0; r < comm->size(); ++r)
+    if (all[r]) {
+      if (comm->rank() == 0) std::printf("rank %d had failures\n", r);
+      failed = 1;
+    }
+  return failed;
+}
