@@ -45,9 +45,11 @@ class FLEXCP_API Communicator {
   // Every rank's `bytes` bytes, in rank order, into `all` (size() * bytes).
   virtual void all_gather(const void* mine, std::size_t bytes, void* all) = 0;
   // Rank r's counts[r] bytes, concatenated in rank order, into `all`.
-  virtual void all_gather_v(const void* mine, const std::vector<std::size_t>& counts, void* all) = 0;
+  virtual void all_gather_v(const void* mine, const std::vector<std::size_t>& counts,
+                            void* all) = 0;
   virtual void barrier() = 0;
-  // Ends every rank's process with `code` (a rank that failed calls this so the others do not hang).
+  // Ends every rank's process with `code` (a rank that failed calls this so the others do not
+  // hang).
   [[noreturn]] virtual void abort(int code) = 0;
 };
 

@@ -32,7 +32,7 @@ struct DistStats {
   std::int64_t fwd_bytes_sent = 0;
   std::int64_t bwd_bytes_received = 0;  // dK and dV partials, fp32
   std::int64_t bwd_bytes_sent = 0;
-  std::vector<StageTiming> forward;     // stage 0 (local) first
+  std::vector<StageTiming> forward;  // stage 0 (local) first
   std::vector<StageTiming> backward;
   double forward_ms = 0, backward_ms = 0;
 };
@@ -66,10 +66,11 @@ class FLEXCP_API DistAttention {
   // dtype), lse [Tq_local, Hq] fp32. Collective.
   void forward(const TensorView& q, const TensorView& k, const TensorView& v, const TensorView& out,
                const TensorView& lse);
-  // Gradients of forward; dk and dv are this rank's own K/V rows, with every rank's partials summed.
-  void backward(const TensorView& dout, const TensorView& q, const TensorView& k, const TensorView& v,
-                const TensorView& out, const TensorView& lse, const TensorView& dq,
-                const TensorView& dk, const TensorView& dv);
+  // Gradients of forward; dk and dv are this rank's own K/V rows, with every rank's partials
+  // summed.
+  void backward(const TensorView& dout, const TensorView& q, const TensorView& k,
+                const TensorView& v, const TensorView& out, const TensorView& lse,
+                const TensorView& dq, const TensorView& dk, const TensorView& dv);
 
   // The K/V columns this rank's work reads, [own rows, then received ranges in stage order]:
   // k_buffer and v_buffer are [Tk_local + received, Hk, D] in the input dtype. Collective.

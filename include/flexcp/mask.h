@@ -55,9 +55,6 @@ class FLEXCP_API Mask {
   std::int64_t area() const { return area_; }
   std::int64_t area(Range q, Range k) const;
   bool attends(std::int64_t q, std::int64_t k) const;
-  // The mask of the given q rows only: row i of the result is row rows[i] of this mask, with the
-  // same keys. For checking a sample of rows against a reference.
-  Mask select_rows(const std::vector<std::int64_t>& rows) const;
 
   // DESIGN §2's JSON mask spec.
   std::string to_json() const;

@@ -17,12 +17,16 @@ class LocalCommunicator final : public Communicator {
  public:
   int rank() const override { return 0; }
   int size() const override { return 1; }
-  std::unique_ptr<CommHandle> start(const std::vector<SendOp>& sends, const std::vector<RecvOp>& recvs) override {
+  std::unique_ptr<CommHandle> start(const std::vector<SendOp>& sends,
+                                    const std::vector<RecvOp>& recvs) override {
     if (!sends.empty() || !recvs.empty())
-      throw Error(Status::kInvalidUsage, "local communicator: one rank has no peers to exchange with");
+      throw Error(Status::kInvalidUsage,
+                  "local communicator: one rank has no peers to exchange with");
     return std::make_unique<LocalHandle>();
   }
-  void all_gather(const void* mine, std::size_t bytes, void* all) override { std::memmove(all, mine, bytes); }
+  void all_gather(const void* mine, std::size_t bytes, void* all) override {
+    std::memmove(all, mine, bytes);
+  }
   void all_gather_v(const void* mine, const std::vector<std::size_t>& counts, void* all) override {
     std::memmove(all, mine, counts.at(0));
   }
@@ -32,6 +36,8 @@ class LocalCommunicator final : public Communicator {
 
 }  // namespace
 
-std::unique_ptr<Communicator> make_local_communicator() { return std::make_unique<LocalCommunicator>(); }
+std::unique_ptr<Communicator> make_local_communicator() {
+  return std::make_unique<LocalCommunicator>();
+}
 
 }  // namespace flexcp

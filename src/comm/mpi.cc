@@ -26,7 +26,8 @@ void check(int rc, const char* what) {
 
 int count_of(std::size_t bytes) {
   if (bytes > static_cast<std::size_t>(INT_MAX))
-    throw Error(Status::kInvalidArgument, "MPI message of " + std::to_string(bytes) + " bytes exceeds 2^31 - 1");
+    throw Error(Status::kInvalidArgument,
+                "MPI message of " + std::to_string(bytes) + " bytes exceeds 2^31 - 1");
   return static_cast<int>(bytes);
 }
 
@@ -40,15 +41,19 @@ class MpiHandle final : public CommHandle {
       if (r != MPI_REQUEST_NULL) MPI_Cancel(&r), MPI_Request_free(&r);
   }
   void wait() override {
-    const auto deadline = std::chrono::steady_clock::now() + std::chrono::duration<double>(timeout_s_);
+    const auto deadline =
+        std::chrono::steady_clock::now() + std::chrono::duration<double>(timeout_s_);
     for (;;) {
       int done = 0;
-      check(MPI_Testall(static_cast<int>(requests_.size()), requests_.data(), &done, MPI_STATUSES_IGNORE), "Testall");
+      check(MPI_Testall(static_cast<int>(requests_.size()), requests_.data(), &done,
+                        MPI_STATUSES_IGNORE),
+            "Testall");
       if (done) return;
       if (std::chrono::steady_clock::now() > deadline) {
         std::string waiting;
         for (std::size_t i = 0; i < requests_.size(); ++i)
-          if (requests_[i] != MPI_REQUEST_NULL) waiting += (waiting.empty() ? "" : ", ") + std::to_string(peers_[i]);
+          if (requests_[i] != MPI_REQUEST_NULL)
+            waiting += (waiting.empty() ? "" : ", ") + std::to_string(peers_[i]);
         throw Error(Status::kCommError, "flexcp: waited " + std::to_string(timeout_s_) +
                                             " s for transfers with rank(s) " + waiting +
                                             " (FLEXCP_COMM_TIMEOUT_S); a peer failed or is stuck");
@@ -83,23 +88,30 @@ class MpiCommunicator final : public Communicator {
   int rank() const override { return rank_; }
   int size() const override { return size_; }
 
-  std::unique_ptr<CommHandle> start(const std::vector<SendOp>& sends, const std::vector<RecvOp>& recvs) override {
+  std::unique_ptr<CommHandle> start(const std::vector<SendOp>& sends,
+                                    const std::vector<RecvOp>& recvs) override {
     std::vector<MPI_Request> requests;
     std::vector<int> peers;
     for (const RecvOp& r : recvs) {
       requests.emplace_back();
       peers.push_back(r.peer);
-      check(MPI_Irecv(r.data, count_of(r.bytes), MPI_BYTE, r.peer, r.tag, MPI_COMM_WORLD, &requests.back()), "Irecv");
+      check(MPI_Irecv(r.data, count_of(r.bytes), MPI_BYTE, r.peer, r.tag, MPI_COMM_WORLD,
+                      &requests.back()),
+            "Irecv");
     }
     for (const SendOp& s : sends) {
       requests.emplace_back();
       peers.push_back(s.peer);
-      check(MPI_Isend(s.data, count_of(s.bytes), MPI_BYTE, s.peer, s.tag, MPI_COMM_WORLD, &requests.back()), "Isend");
+      check(MPI_Isend(s.data, count_of(s.bytes), MPI_BYTE, s.peer, s.tag, MPI_COMM_WORLD,
+                      &requests.back()),
+            "Isend");
     }
     return std::make_unique<MpiHandle>(std::move(requests), std::move(peers), timeout_s_);
   }
   void all_gather(const void* mine, std::size_t bytes, void* all) override {
-    check(MPI_Allgather(mine, count_of(bytes), MPI_BYTE, all, count_of(bytes), MPI_BYTE, MPI_COMM_WORLD), "Allgather");
+    check(MPI_Allgather(mine, count_of(bytes), MPI_BYTE, all, count_of(bytes), MPI_BYTE,
+                        MPI_COMM_WORLD),
+          "Allgather");
   }
   void all_gather_v(const void* mine, const std::vector<std::size_t>& counts, void* all) override {
     std::vector<int> c(size_), displs(size_);
@@ -109,7 +121,9 @@ class MpiCommunicator final : public Communicator {
       displs[r] = count_of(offset);
       offset += counts[r];
     }
-    check(MPI_Allgatherv(mine, c[rank_], MPI_BYTE, all, c.data(), displs.data(), MPI_BYTE, MPI_COMM_WORLD), "Allgatherv");
+    check(MPI_Allgatherv(mine, c[rank_], MPI_BYTE, all, c.data(), displs.data(), MPI_BYTE,
+                         MPI_COMM_WORLD),
+          "Allgatherv");
   }
   void barrier() override { check(MPI_Barrier(MPI_COMM_WORLD), "Barrier"); }
   [[noreturn]] void abort(int code) override {
@@ -125,7 +139,8 @@ class MpiCommunicator final : public Communicator {
 }  // namespace
 
 std::unique_ptr<Communicator> make_mpi_communicator(const MpiOptions& options) {
-  const double timeout = options.timeout_s > 0 ? options.timeout_s : env_double("FLEXCP_COMM_TIMEOUT_S");
+  const double timeout =
+      options.timeout_s > 0 ? options.timeout_s : env_double("FLEXCP_COMM_TIMEOUT_S");
   if (!(timeout > 0)) throw Error(Status::kInvalidArgument, "FLEXCP_COMM_TIMEOUT_S must be > 0");
   return std::make_unique<MpiCommunicator>(timeout);
 }

@@ -29,7 +29,8 @@ double env_double(const char* name) {
   char* end = nullptr;
   const double x = std::strtod(value.c_str(), &end);
   if (end == value.c_str() || *end != '\0')
-    throw Error(Status::kInvalidArgument, std::string(name) + " is '" + value + "', expected a number");
+    throw Error(Status::kInvalidArgument,
+                std::string(name) + " is '" + value + "', expected a number");
   return x;
 }
 

@@ -177,21 +177,4 @@ bool Mask::attends(std::int64_t q, std::int64_t k) const {
                      [&](const Slice& s) { return slice_attends(s, q, k); });
 }
 
-Mask Mask::select_rows(const std::vector<std::int64_t>& rows) const {
-  std::vector<Band> bands;
-  for (const Slice& s : slices_) bands.push_back(slice_band(s));
-  std::vector<Slice> out;
-  for (std::size_t i = 0; i < rows.size(); ++i) {
-    const std::int64_t x = rows[i];
-    if (x < 0 || x >= seqlen_q_)
-      fail("Mask::select_rows: rows[" + std::to_string(i) + "] is " + std::to_string(x) +
-           ", outside [0, " + std::to_string(seqlen_q_) + ")");
-    const std::int64_t r = static_cast<std::int64_t>(i);
-    for (const Band& b : bands)
-      if (b.contains(x, b.begin(x)))
-        out.push_back({{r, r + 1}, {b.begin(x), b.end(x)}, MaskType::kFull});
-  }
-  return Mask(static_cast<std::int64_t>(rows.size()), seqlen_k_, std::move(out));
-}
-
 }  // namespace flexcp

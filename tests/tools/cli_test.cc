@@ -171,8 +171,9 @@ TEST_F(Cli, BenchPrintsJsonAndRunChecksItself) {
   r = run_cli("run --seqlen 2048 --heads 2 --heads-kv 1 --head-dim 64 --doc-lens " +
               path("docs.txt"));
   ASSERT_EQ(r.code, 0) << r.output;
-  EXPECT_NE(r.output.find("against the float64 reference"), std::string::npos) << r.output;
-  EXPECT_NE(r.output.find(") ok"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("check against the single-rank forward and backward"), std::string::npos)
+      << r.output;
+  EXPECT_NE(r.output.find("): ok"), std::string::npos) << r.output;
 }
 
 TEST_F(Cli, HelpOnEverySubcommand) {
@@ -225,6 +226,29 @@ TEST_F(Cli, MaskWithWorldColoursByRank) {
   EXPECT_NE(svg.find("hsl(0,"), std::string::npos);
   EXPECT_NE(svg.find("hsl(270,"), std::string::npos);  // rank 3 of 4
   EXPECT_NE(svg.find("url(#moved)"), std::string::npos);
+}
+
+}  // namespace
+}  // namespace flexcp
+
+namespace flexcp {
+namespace {
+
+TEST_F(Cli, RunUnderMpirunMovesWhatThePlanPredictsAndMatchesOneRank) {
+  const std::string cmd =
+      std::string("mpirun --allow-run-as-root --oversubscribe -np 3 -x OMP_NUM_THREADS=1 ") +
+      FLEXCP_CLI_PATH +
+      " run --seqlen 3000 --doc-len 700 --heads 4 --heads-kv 2 --head-dim 32 --dtype fp32 2>&1";
+  FILE* pipe = popen(cmd.c_str(), "r");
+  std::string out;
+  char buf[4096];
+  while (fgets(buf, sizeof buf, pipe)) out += buf;
+  const int status = pclose(pipe);
+  ASSERT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0) << out;
+  EXPECT_NE(out.find("3 rank(s)"), std::string::npos) << out;
+  EXPECT_NE(out.find("plan predicted"), std::string::npos) << out;
+  EXPECT_NE(out.find(": equal"), std::string::npos) << out;
+  EXPECT_NE(out.find("): ok"), std::string::npos) << out;
 }
 
 }  // namespace
