@@ -5,6 +5,7 @@
 #include "flexcp/band.h"
 #include "flexcp/comm.h"
 #include "flexcp/dist_attention.h"
+#include "flexcp/env.h"
 #include "flexcp/export.h"
 #include "flexcp/mask.h"
 #include "flexcp/masks.h"

@@ -3,6 +3,7 @@
 #include <cstdlib>
 #include <cstring>
 
+#include "flexcp/env.h"
 #include "flexcp/status.h"
 
 namespace flexcp {
@@ -32,6 +33,13 @@ double env_double(const char* name) {
     throw Error(Status::kInvalidArgument,
                 std::string(name) + " is '" + value + "', expected a number");
   return x;
+}
+
+std::vector<EnvVarInfo> environment_variables() {
+  std::vector<EnvVarInfo> out;
+  for (const EnvVar& v : env_vars())
+    out.push_back({v.name, v.default_value, v.description, env_value(v.name)});
+  return out;
 }
 
 }  // namespace flexcp

@@ -14,6 +14,11 @@ int main(int argc, char** argv) {
   flexcp::tools::add_attn_command(app);
   flexcp::tools::add_bench_command(app);
   flexcp::tools::add_mask_command(app);
+  app.add_subcommand("env", "List the environment variables flexcp reads")->callback([] {
+    for (const flexcp::EnvVarInfo& v : flexcp::environment_variables())
+      std::cout << v.name << "=" << v.value << "  (default " << v.default_value << ")\n    "
+                << v.description << "\n";
+  });
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
