@@ -162,6 +162,10 @@ void run_ranks(RunArgs a, Communicator& comm_ref) {
         "K/V: %.1f%%\n",
         fwd, flops / fwd / 1e6, bwd, kBackwardFlopsRatio * flops / bwd / 1e6,
         busy > 0 ? 100 * wait / busy : 0.0);
+    std::printf("stages on rank 0 (wait for K/V / compute, ms):");
+    for (std::size_t i = 0; i < st.forward.size(); ++i)
+      std::printf(" %zu: %.1f / %.1f", i, st.forward[i].wait_ms, st.forward[i].compute_ms);
+    std::printf("\n");
     std::printf("K/V bytes moved %lld, plan predicted %lld: %s\n", (long long)moved,
                 (long long)plan.comm_bytes_fwd,
                 bytes_match && moved == plan.comm_bytes_fwd ? "equal" : "DIFFERENT");
