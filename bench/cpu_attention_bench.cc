@@ -19,23 +19,14 @@
 #include <vector>
 
 #include "flexcp/flexcp.h"
+#include "timing.h"
 
 namespace {
 
 using flexcp::DType;
 using flexcp::Mask;
-
-double median_seconds(const std::function<void()>& fn, int repeat) {
-  fn();  // warm-up
-  std::vector<double> t;
-  for (int i = 0; i < repeat; ++i) {
-    const auto t0 = std::chrono::steady_clock::now();
-    fn();
-    t.push_back(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
-  }
-  std::sort(t.begin(), t.end());
-  return t[t.size() / 2];
-}
+using flexcp::tools::median_seconds;
+constexpr int kWarmup = 1;
 
 std::string shell(const std::string& cmd) {
   std::unique_ptr<FILE, int (*)(FILE*)> pipe(popen(cmd.c_str(), "r"), pclose);
@@ -65,7 +56,7 @@ double sgemm_gflops(int m, int n, int k, int repeat) {
         cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, m, n, k, 1.0f, a.data(), k, b.data(),
                     n, 0.0f, c.data(), n);
       },
-      repeat);
+      kWarmup, repeat);
   return 2.0 * m * n * k / t / 1e9;
 }
 
@@ -161,7 +152,7 @@ int main(int argc, char** argv) {
       r.fwd_gflops =
           flops /
           median_seconds([&] { flexcp::forward(q.view, k.view, v.view, mask, out.view, lse.view); },
-                         repeat) /
+                         kWarmup, repeat) /
           1e9;
       if (backward)
         r.bwd_gflops = 2.5 * flops /
@@ -170,7 +161,7 @@ int main(int argc, char** argv) {
                              flexcp::backward(dout.view, q.view, k.view, v.view, out.view, lse.view,
                                               mask, dq.view, dk.view, dv.view);
                            },
-                           repeat) /
+                           kWarmup, repeat) /
                        1e9;
       if (have_torch && (name == "full" || name == "causal")) {
         std::ostringstream cmd;
