@@ -68,9 +68,12 @@ class FLEXCP_API DistAttention {
                const TensorView& lse);
   // Gradients of forward; dk and dv are this rank's own K/V rows, with every rank's partials
   // summed.
+  // dsink (fp32 [Hq], host) receives the sink gradient summed over all ranks when the options carry
+  // a sink and dsink is given.
   void backward(const TensorView& dout, const TensorView& q, const TensorView& k,
                 const TensorView& v, const TensorView& out, const TensorView& lse,
-                const TensorView& dq, const TensorView& dk, const TensorView& dv);
+                const TensorView& dq, const TensorView& dk, const TensorView& dv,
+                const TensorView& dsink = {});
 
   // The K/V columns this rank's work reads, [own rows, then received ranges in stage order]:
   // k_buffer and v_buffer are [Tk_local + received, Hk, D] in the input dtype. Collective.

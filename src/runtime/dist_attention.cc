@@ -411,7 +411,8 @@ void DistAttention::forward(const TensorView& q, const TensorView& k, const Tens
 
 void DistAttention::backward(const TensorView& dout, const TensorView& q, const TensorView& k,
                              const TensorView& v, const TensorView& out, const TensorView& lse,
-                             const TensorView& dq, const TensorView& dk, const TensorView& dv) {
+                             const TensorView& dq, const TensorView& dk, const TensorView& dv,
+                             const TensorView& dsink) {
   Impl& m = *impl_;
   const auto t_all = std::chrono::steady_clock::now();
   const std::int64_t tq = local_q_tokens(), own = m.layout.own_columns,
@@ -499,6 +500,25 @@ void DistAttention::backward(const TensorView& dout, const TensorView& q, const 
   for (std::int64_t i = 0; i < own * m.heads_kv * m.head_dim; ++i) {
     store_float(dk.data, m.dtype, i, dk_acc.f32()[i]);
     store_float(dv.data, m.dtype, i, dv_acc.f32()[i]);
+  }
+  if (!dsink.empty()) {
+    if (m.attention.sink.empty())
+      fail(Status::kInvalidArgument, "backward: dsink was given but the options carry no sink");
+    if (dsink.ndim != 1 || dsink.shape[0] != m.heads_q || dsink.dtype != DType::kFloat32 ||
+        !dsink.is_contiguous())
+      fail(Status::kInvalidArgument, "backward: dsink has shape " + dsink.shape_string() +
+                                         ", expected contiguous fp32 [" +
+                                         std::to_string(m.heads_q) + "]");
+    // Each rank's rows, then the sum over ranks in rank order (deterministic).
+    std::vector<float> mine(m.heads_q), all(m.heads_q * m.comm->size());
+    cpu::sink_gradient(shape, dout, out, lse, m.attention,
+                       make_view(mine.data(), DType::kFloat32, {m.heads_q}));
+    m.comm->all_gather(mine.data(), mine.size() * sizeof(float), all.data());
+    for (std::int64_t h = 0; h < m.heads_q; ++h) {
+      float total = 0;
+      for (int r = 0; r < m.comm->size(); ++r) total += all[r * m.heads_q + h];
+      static_cast<float*>(dsink.data)[h] = total;
+    }
   }
   m.stats.backward_ms = ms_since(t_all);
 }

@@ -119,8 +119,9 @@ void check_against_single_rank(const Problem& p) {
   Tensor out(p.dtype, {tq, p.hq, p.d}), lse(DType::kFloat32, {tq, p.hq}),
       dq(p.dtype, {tq, p.hq, p.d}), dk(p.dtype, {tk, p.hk, p.d}), dv(p.dtype, {tk, p.hk, p.d});
   forward(q.view, k.view, v.view, p.mask, out.view, lse.view, o.attention);
+  Tensor dsink(DType::kFloat32, {p.hq}), dsink_dist(DType::kFloat32, {p.hq});
   backward(dout.view, q.view, k.view, v.view, out.view, lse.view, p.mask, dq.view, dk.view, dv.view,
-           o.attention);
+           o.attention, p.sink ? dsink.view : TensorView{});
   // Distributed.
   DistAttention dist(p.mask, *g_comm, p.hq, p.hk, p.d, p.dtype, o);
   const std::int64_t lq = dist.local_q_tokens(), lk = dist.local_k_tokens();
@@ -134,8 +135,13 @@ void check_against_single_rank(const Problem& p) {
       dql(p.dtype, {lq, p.hq, p.d}), dkl(p.dtype, {lk, p.hk, p.d}), dvl(p.dtype, {lk, p.hk, p.d});
   for (Tensor* t : {&ol, &ll, &dql, &dkl, &dvl}) t->poison();
   dist.forward(ql.view, kl.view, vl.view, ol.view, ll.view);
-  dist.backward(dol.view, ql.view, kl.view, vl.view, ol.view, ll.view, dql.view, dkl.view,
-                dvl.view);
+  dsink_dist.poison();
+  dist.backward(dol.view, ql.view, kl.view, vl.view, ol.view, ll.view, dql.view, dkl.view, dvl.view,
+                p.sink ? dsink_dist.view : TensorView{});
+  if (p.sink)
+    for (std::int64_t h = 0; h < p.hq; ++h)
+      EXPECT_NEAR(dsink_dist.get(h), dsink.get(h), 1e-4 * (1 + std::abs(dsink.get(h))))
+          << "dsink head " << h;
   Tensor og(p.dtype, {tq, p.hq, p.d}), dqg(p.dtype, {tq, p.hq, p.d}), dkg(p.dtype, {tk, p.hk, p.d}),
       dvg(p.dtype, {tk, p.hk, p.d});
   dist.undispatch_q(ol.view, og.view);

@@ -230,6 +230,12 @@ void sink_grad(const AttentionShape& s, const RowStats& st, const AttentionOptio
 
 }  // namespace
 
+void sink_gradient(const AttentionShape& s, const TensorView& dout, const TensorView& out,
+                   const TensorView& lse, const AttentionOptions& options,
+                   const TensorView& dsink) {
+  sink_grad(s, row_stats(s, dout, out, lse), options, dsink);
+}
+
 void backward(const AttentionShape& s, const TensorView& dout, const TensorView& q,
               const TensorView& k, const TensorView& v, const TensorView& out,
               const TensorView& lse, const std::vector<Band>& work, const TensorView& dq,

@@ -22,6 +22,10 @@ void backward(const AttentionShape& shape, const TensorView& dout, const TensorV
               const TensorView& dk, const TensorView& dv, const AttentionOptions& options,
               const TensorView& dsink);
 
+// Gradient of the per-head sink logits over these q rows (fp32 [Hq] into dsink); needs a sink.
+void sink_gradient(const AttentionShape& shape, const TensorView& dout, const TensorView& out,
+                   const TensorView& lse, const AttentionOptions& options, const TensorView& dsink);
+
 // Tile sizes, shared by both directions: a q tile holds about kTileRowsTarget (token, head) rows,
 // so the Q, O and S buffers of one worker (about 200 KiB at D = 128) stay in its L2 cache.
 inline constexpr int kTileRowsTarget = 128;
