@@ -144,6 +144,8 @@ Plan make_plan(const Mask& mask, const PlanOptions& options) {
     build_local_work(bands, q_index, rp, stages);
     for (std::int64_t a : rp.stage_area) rp.area += a;
     const std::int64_t num_cols = rp.num_k_tokens + rp.recv_tokens;
+    // NOTE: built here so that plan_ms counts a rank's whole planning cost (DESIGN §4); the
+    // kernels build their own lists with their tile sizes from stage_work.
     for (const auto& work : rp.stage_work)
       build_work_list(work, rp.num_q_tokens, num_cols,
                       {WorkListOrder::kRowMajor, kPlanTileRows, kPlanBlockCols});
