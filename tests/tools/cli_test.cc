@@ -158,7 +158,19 @@ TEST_F(Cli, MaskDrawsSvg) {
   EXPECT_NE(svg.find("</svg>"), std::string::npos);
   const Result png = run_cli("mask --mask causal --seqlen 64 --out " + path("m.png"));
   EXPECT_EQ(png.code, 2);
-  EXPECT_NE(png.output.find("only .svg output is supported"), std::string::npos) << png.output;
+  EXPECT_NE(png.output.find("expected a .svg picture or a .json mask spec"), std::string::npos)
+      << png.output;
+  // The same generator as a JSON spec: identical to the library's mask.
+  ASSERT_EQ(
+      run_cli(
+          "mask --mask sliding-window-symmetric --seqlen 3000 --doc-len 700 --window 100 --out " +
+          path("m.json"))
+          .code,
+      0);
+  const Mask spec = Mask::from_json_file(path("m.json"));
+  const Mask want = masks::sliding_window(masks::pack_lengths({700}, 3000, 750), 100,
+                                          masks::WindowKind::kSymmetric);
+  EXPECT_EQ(spec.slices(), want.slices());
 }
 
 TEST_F(Cli, BenchPrintsJsonAndRunChecksItself) {

@@ -23,11 +23,19 @@ constexpr std::int64_t kPicturePixels = 1024;  // cells grow to fill about this 
 constexpr int kMargin = 40;
 
 void draw(const DrawArgs& a) {
-  const bool svg = a.out.size() > 4 && a.out.substr(a.out.size() - 4) == ".svg";
-  if (!svg)
+  auto ends_with = [&](const char* ext) {
+    const std::string e(ext);
+    return a.out.size() > e.size() && a.out.compare(a.out.size() - e.size(), e.size(), e) == 0;
+  };
+  if (!ends_with(".svg") && !ends_with(".json"))
     throw Error(Status::kInvalidArgument,
-                "flexcp mask: --out " + a.out + ": only .svg output is supported");
+                "flexcp mask: --out " + a.out + ": expected a .svg picture or a .json mask spec");
   const Mask mask = build_mask(a.mask);
+  if (ends_with(".json")) {  // the generator's output as DESIGN §2's spec, for other tools
+    mask.write_json_file(a.out);
+    std::cout << "wrote " << a.out << ": " << mask.slices().size() << " slices\n";
+    return;
+  }
   const std::int64_t tq = mask.seqlen_q(), tk = mask.seqlen_k();
   // Cell edge in tokens: the longer side gets at most `cells` cells.
   const std::int64_t step = std::max<std::int64_t>(1, (std::max(tq, tk) + a.cells - 1) / a.cells);
@@ -118,9 +126,10 @@ void draw(const DrawArgs& a) {
 
 void add_mask_command(CLI::App& app) {
   auto args = std::make_shared<DrawArgs>();
-  CLI::App* cmd = app.add_subcommand("mask", "Draw a mask (SVG)");
+  CLI::App* cmd = app.add_subcommand("mask", "Draw a mask (SVG) or write its JSON spec");
   add_mask_options(*cmd, args->mask);
-  cmd->add_option("--out", args->out, "Output file (.svg)")->required();
+  cmd->add_option("--out", args->out, "Output file: .svg (picture) or .json (mask spec)")
+      ->required();
   cmd->add_option("--world", args->plan.world_size,
                   "Colour by the rank owning each part (flexcp's plan)")
       ->check(CLI::PositiveNumber);

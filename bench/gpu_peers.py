@@ -1,0 +1,127 @@
+"""Peers of flexcp's GPU kernel on the DESIGN §6 kernel protocol: torch SDPA (cuDNN and flash
+backends, on full and causal) and compiled FlexAttention (every mask), on the GPU host.
+
+Masks come from flexcp itself (`flexcp mask ... --out m.json`), so the peers compute exactly the
+pairs flexcp does; TFLOPS count attended pairs only (forward 4 * area * D * Hq). Each row of these
+masks attends at most two key intervals, which is what the FlexAttention mask_mod encodes.
+
+    python3 bench/gpu_peers.py --specs DIR --out DIR   (DIR holds <mask>-<T>.json files)
+"""
+import argparse
+import glob
+import json
+import os
+import sys
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+import triton.testing
+from torch.nn.attention import SDPBackend, sdpa_kernel
+from torch.nn.attention.flex_attention import create_block_mask, flex_attention
+
+
+def row_intervals(spec):
+    """Per q row, up to two attended key intervals [lo, hi), and the exact area."""
+    t = spec["seqlen_q"]
+    lo = np.zeros((2, t), np.int64)
+    hi = np.zeros((2, t), np.int64)
+    used = np.zeros(t, np.int64)
+    for s in spec["slices"]:
+        (qb, qe), (kb, ke), kind = s["q"], s["k"], s["type"]
+        sq, sk = qe - qb, ke - kb
+        i = np.arange(sq)
+        begin = kb + (i if kind in ("inv_causal", "bi_causal") else np.zeros_like(i))
+        end = np.full(sq, ke) if kind in ("full", "inv_causal") else kb + i + (sk - sq) + 1
+        begin, end = np.maximum(begin, kb), np.minimum(end, ke)
+        keep = end > begin
+        rows = np.arange(qb, qe)[keep]
+        slot = used[rows]
+        if (slot > 1).any():
+            raise ValueError("a row attends more than two key intervals")
+        lo[slot, rows], hi[slot, rows] = begin[keep], end[keep]
+        used[rows] += 1
+    # Order the two intervals and join touching ones.
+    swap = (used == 2) & (lo[1] < lo[0])
+    lo[:, swap], hi[:, swap] = lo[::-1, swap], hi[::-1, swap]
+    join = (used == 2) & (hi[0] == lo[1])
+    hi[0, join], lo[1, join], hi[1, join] = hi[1, join], 0, 0
+    area = int((hi - lo).sum())
+    return lo, hi, area
+
+
+def tflops(area, d, hq, ms):
+    return 4.0 * area * d * hq / (ms * 1e-3) / 1e12
+
+
+def bench(fn):
+    return triton.testing.do_bench(fn, warmup=25, rep=100, return_mode="median")
+
+
+def main():
+    p = argparse.ArgumentParser()
+    p.add_argument("--specs", required=True)
+    p.add_argument("--out", required=True)
+    p.add_argument("--heads", type=int, default=64)
+    p.add_argument("--heads-kv", type=int, default=8)
+    p.add_argument("--head-dim", type=int, default=128)
+    a = p.parse_args()
+    torch.manual_seed(0)
+    dev = "cuda"
+    flex = torch.compile(flex_attention, dynamic=False)
+    rows = []
+    for path in sorted(glob.glob(os.path.join(a.specs, "*.json"))):
+        name = os.path.basename(path)[:-5]
+        spec = json.load(open(path))
+        t = spec["seqlen_q"]
+        lo, hi, area = row_intervals(spec)
+        lo_t = torch.tensor(lo, dtype=torch.int32, device=dev)
+        hi_t = torch.tensor(hi, dtype=torch.int32, device=dev)
+
+        def mask_mod(b, h, q, kv):
+            return ((kv >= lo_t[0, q]) & (kv < hi_t[0, q])) | ((kv >= lo_t[1, q]) & (kv < hi_t[1, q]))
+
+        shape_q, shape_kv = (1, a.heads, t, a.head_dim), (1, a.heads_kv, t, a.head_dim)
+        q = torch.randn(shape_q, device=dev, dtype=torch.bfloat16)
+        k = torch.randn(shape_kv, device=dev, dtype=torch.bfloat16)
+        v = torch.randn(shape_kv, device=dev, dtype=torch.bfloat16)
+        block_mask = create_block_mask(mask_mod, 1, 1, t, t, device=dev)
+        row = {"mask": name, "seqlen": t, "area": area}
+        out_flex = flex(q, k, v, block_mask=block_mask, enable_gqa=True)
+        row["flex_ms"] = bench(lambda: flex(q, k, v, block_mask=block_mask, enable_gqa=True))
+        kind = spec["slices"][0]["type"] if len(spec["slices"]) == 1 else None
+        if kind in ("full", "causal") and spec["slices"][0]["q"] == [0, t] and spec["slices"][0]["k"] == [0, t]:
+            rep = a.heads // a.heads_kv
+            ke, ve = k.repeat_interleave(rep, dim=1), v.repeat_interleave(rep, dim=1)
+            for backend, label in ((SDPBackend.CUDNN_ATTENTION, "cudnn"), (SDPBackend.FLASH_ATTENTION, "flash")):
+                try:
+                    with sdpa_kernel([backend]):
+                        ref = F.scaled_dot_product_attention(q, ke, ve, is_causal=kind == "causal")
+                        row[label + "_ms"] = bench(lambda: F.scaled_dot_product_attention(q, ke, ve, is_causal=kind == "causal"))
+                    # The mask_mod encodes the same pairs: FlexAttention agrees with SDPA.
+                    row[label + "_vs_flex"] = float((ref.float() - out_flex.float()).abs().max())
+                except Exception as e:  # a backend that cannot run this shape
+                    row[label + "_error"] = f"{type(e).__name__}: {e}".splitlines()[0][:120]
+        for key in [k_ for k_ in list(row) if k_.endswith("_ms")]:
+            row[key.replace("_ms", "_tflops")] = tflops(area, a.head_dim, a.heads, row[key])
+        print("[case] mask=%s T=%d H=%d HK=%d D=%d [result] %s" % (
+            name, t, a.heads, a.heads_kv, a.head_dim,
+            " ".join(f"{k_}={row[k_]:.1f}" for k_ in row if k_.endswith("_tflops"))), flush=True)
+        rows.append(row)
+    os.makedirs(a.out, exist_ok=True)
+    meta = {"gpu": torch.cuda.get_device_name(), "torch": torch.__version__,
+            "heads": a.heads, "heads_kv": a.heads_kv, "head_dim": a.head_dim, "dtype": "bf16"}
+    json.dump({"meta": meta, "rows": rows}, open(os.path.join(a.out, "gpu_peers.json"), "w"), indent=1)
+    with open(os.path.join(a.out, "gpu_peers.md"), "w") as md:
+        md.write(f"# GPU peers ({meta['gpu']}, torch {meta['torch']}, bf16, H={a.heads} HK={a.heads_kv} D={a.head_dim})\n\n")
+        md.write("| mask | T | area | FlexAttention TFLOPS | cuDNN TFLOPS | flash TFLOPS |\n|---|---|---|---|---|---|\n")
+        for r in rows:
+            md.write("| %s | %d | %d | %.1f | %s | %s |\n" % (
+                r["mask"], r["seqlen"], r["area"], r["flex_tflops"],
+                "%.1f" % r["cudnn_tflops"] if "cudnn_tflops" in r else "-",
+                "%.1f" % r["flash_tflops"] if "flash_tflops" in r else "-"))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
