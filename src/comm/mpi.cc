@@ -84,6 +84,11 @@ class MpiCommunicator final : public Communicator {
     }
     MPI_Comm_rank(MPI_COMM_WORLD, &rank_);
     MPI_Comm_size(MPI_COMM_WORLD, &size_);
+    // MPI promises tags up to 32767 only; Open MPI allows 2^31 - 1. Checked per message below.
+    int* ub = nullptr;
+    int found = 0;
+    MPI_Comm_get_attr(MPI_COMM_WORLD, MPI_TAG_UB, &ub, &found);
+    if (found && ub) tag_ub_ = *ub;
   }
   int rank() const override { return rank_; }
   int size() const override { return size_; }
@@ -92,6 +97,8 @@ class MpiCommunicator final : public Communicator {
                                     const std::vector<RecvOp>& recvs) override {
     std::vector<MPI_Request> requests;
     std::vector<int> peers;
+    for (const RecvOp& r : recvs) check_tag(r.tag);
+    for (const SendOp& s : sends) check_tag(s.tag);
     for (const RecvOp& r : recvs) {
       requests.emplace_back();
       peers.push_back(r.peer);
@@ -132,8 +139,16 @@ class MpiCommunicator final : public Communicator {
   }
 
  private:
+  void check_tag(int tag) const {
+    if (tag < 0 || tag > tag_ub_)
+      throw Error(Status::kInvalidArgument,
+                  "MPI tag " + std::to_string(tag) + " exceeds this MPI's MPI_TAG_UB " +
+                      std::to_string(tag_ub_) + " (too many transfer items in one plan)");
+  }
+
   double timeout_s_;
   int rank_ = 0, size_ = 1;
+  int tag_ub_ = 32767;
 };
 
 }  // namespace

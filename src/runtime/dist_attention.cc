@@ -274,8 +274,7 @@ void check_pair(const char* fn, const TensorView& global, const TensorView& loca
 }  // namespace
 
 void DistAttention::dispatch_q(const TensorView& global, const TensorView& local) const {
-  check_pair("dispatch_q", global, local,
-             static_cast<std::int64_t>(impl_->plan.global_to_rank_q().size()), local_q_tokens());
+  check_pair("dispatch_q", global, local, impl_->plan.chunks.back().end, local_q_tokens());
   copy_rows(global, local, impl_->positions, true);
 }
 
@@ -289,8 +288,7 @@ void DistAttention::dispatch_kv(const TensorView& global, const TensorView& loca
 
 void DistAttention::undispatch_q(const TensorView& local, const TensorView& global) {
   const Plan& p = impl_->plan;
-  check_pair("undispatch_q", global, local, static_cast<std::int64_t>(p.global_to_rank_q().size()),
-             local_q_tokens());
+  check_pair("undispatch_q", global, local, p.chunks.back().end, local_q_tokens());
   const std::size_t row = static_cast<std::size_t>(local.strides[0]) * dtype_size(local.dtype);
   std::vector<std::size_t> counts;
   for (const RankPlan& r : p.ranks) counts.push_back(r.num_q_tokens * row);
