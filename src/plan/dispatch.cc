@@ -1,8 +1,10 @@
 // Dispatch: cutting the sequence into chunks and giving every rank the same number of chunks with
 // as equal a share of the attention cost as the solver finds.
 #include <algorithm>
+#include <initializer_list>
 #include <numeric>
 #include <queue>
+#include <set>
 #include <tuple>
 
 #include "flexcp/status.h"
@@ -16,6 +18,7 @@ namespace {
 constexpr std::int64_t kChunksPerRank = 16;
 constexpr std::int64_t kChunkAlign = 128;
 constexpr std::int64_t kRunLength = 4;  // chunks placed together before single chunks are balanced
+constexpr double kBalanceTolerance = 0.002;  // refinement stops at max rank cost <= mean * 1.002
 
 }  // namespace
 
@@ -87,8 +90,9 @@ std::vector<int> greedy(const std::vector<std::int64_t>& costs, int world) {
   return owner;
 }
 
-// Swap one chunk of the heaviest rank with a lighter chunk of a lighter rank, the swap whose cost
-// difference is closest to half the gap, until no swap lowers the heaviest rank.
+// Swap one chunk of the heaviest rank with a lighter chunk of a lighter rank (lightest first), the
+// swap whose cost difference is closest to half the gap, until no swap lowers the heaviest rank.
+// Loads live in an ordered set, so a round costs O(log W + m log m) for m chunks per rank.
 void refine(const std::vector<std::int64_t>& costs, int world, std::vector<int>& owner) {
   std::vector<std::int64_t> load(world, 0);
   std::vector<std::vector<std::int64_t>> mine(world);
@@ -99,15 +103,65 @@ void refine(const std::vector<std::int64_t>& costs, int world, std::vector<int>&
   auto by_cost = [&](std::int64_t a, std::int64_t b) {
     return costs[a] < costs[b] || (costs[a] == costs[b] && a < b);
   };
-  std::vector<int> by_load(world);
-  const int max_rounds = 8 * world + 64;
-  for (int round = 0; round < max_rounds; ++round) {
-    std::iota(by_load.begin(), by_load.end(), 0);
-    std::stable_sort(by_load.begin(), by_load.end(),
-                     [&](int a, int b) { return load[a] < load[b]; });
-    const int heavy = by_load.back();
+  std::set<std::pair<std::int64_t, int>> by_load;
+  for (int r = 0; r < world; ++r) by_load.insert({load[r], r});
+  // Exchanges chunks heavy[ai...] with light[bi...] (indices into mine[]), moving d of cost.
+  auto move = [&](int heavy, int light, std::initializer_list<std::int64_t> ai,
+                  std::initializer_list<std::int64_t> bi, std::int64_t d) {
+    by_load.erase({load[heavy], heavy});
+    by_load.erase({load[light], light});
+    auto b = bi.begin();
+    for (std::int64_t a : ai) {
+      std::swap(mine[heavy][a], mine[light][*b]);
+      owner[mine[heavy][a]] = heavy;
+      owner[mine[light][*b]] = light;
+      ++b;
+    }
+    load[heavy] -= d;
+    load[light] += d;
+    by_load.insert({load[heavy], heavy});
+    by_load.insert({load[light], light});
+  };
+  // When no single chunk fits the gap (say, the heavy rank holds a few huge chunks and many tiny
+  // ones), two for two: the pair sums whose difference is closest to half the gap.
+  auto swap_pairs = [&](int heavy, int light, std::int64_t gap) {
+    const auto& hc = mine[heavy];
+    const auto& lc = mine[light];
+    std::vector<std::tuple<std::int64_t, std::int64_t, std::int64_t>> sums;  // (sum, i, j) of light
+    for (std::size_t i = 0; i < lc.size(); ++i)
+      for (std::size_t j = i + 1; j < lc.size(); ++j)
+        sums.push_back({costs[lc[i]] + costs[lc[j]], i, j});
+    std::sort(sums.begin(), sums.end());
+    std::int64_t best_d = 0, a1 = -1, a2 = -1, b1 = -1, b2 = -1;
+    for (std::size_t i = 0; i < hc.size(); ++i)
+      for (std::size_t j = i + 1; j < hc.size(); ++j) {
+        const std::int64_t sum = costs[hc[i]] + costs[hc[j]];
+        auto pos = std::lower_bound(sums.begin(), sums.end(),
+                                    std::tuple{sum - gap / 2, std::int64_t{-1}, std::int64_t{-1}});
+        for (auto cand : {pos, pos == sums.begin() ? sums.end() : std::prev(pos)}) {
+          if (cand == sums.end()) continue;
+          const std::int64_t d = sum - std::get<0>(*cand);
+          if (d <= 0 || d >= gap) continue;
+          if (a1 < 0 || std::min(d, gap - d) > std::min(best_d, gap - best_d))
+            best_d = d, a1 = i, a2 = j, b1 = std::get<1>(*cand), b2 = std::get<2>(*cand);
+        }
+      }
+    if (a1 < 0) return false;
+    move(heavy, light, {a1, a2}, {b1, b2}, best_d);
+    return true;
+  };
+  const std::int64_t max_rounds = 4 * static_cast<std::int64_t>(owner.size()) + 64;
+  std::int64_t total = 0;
+  for (std::int64_t c : costs) total += c;
+  // Every swap splits runs of neighbouring chunks (more K/V ranges to move), so stop once the
+  // heaviest rank is within kBalanceTolerance of the mean.
+  const double good_enough = static_cast<double>(total) / world * (1.0 + kBalanceTolerance);
+  for (std::int64_t round = 0; round < max_rounds; ++round) {
+    const int heavy = std::prev(by_load.end())->second;
+    if (static_cast<double>(load[heavy]) <= good_enough) break;
     bool swapped = false;
-    for (int light : by_load) {
+    for (auto it = by_load.begin(); it->second != heavy; ++it) {
+      const int light = it->second;
       const std::int64_t gap = load[heavy] - load[light];
       if (gap <= 0) break;
       std::vector<std::int64_t>& lc = mine[light];
@@ -117,9 +171,9 @@ void refine(const std::vector<std::int64_t>& costs, int world, std::vector<int>&
         const std::int64_t a = mine[heavy][ai];
         // Want costs[b] near costs[a] - gap / 2, with 0 < costs[a] - costs[b] < gap.
         const std::int64_t target = costs[a] - gap / 2;
-        auto it = std::lower_bound(lc.begin(), lc.end(), target,
-                                   [&](std::int64_t b, std::int64_t t) { return costs[b] < t; });
-        for (auto cand : {it, it == lc.begin() ? lc.end() : std::prev(it)}) {
+        auto pos = std::lower_bound(lc.begin(), lc.end(), target,
+                                    [&](std::int64_t b, std::int64_t t) { return costs[b] < t; });
+        for (auto cand : {pos, pos == lc.begin() ? lc.end() : std::prev(pos)}) {
           if (cand == lc.end()) continue;
           const std::int64_t d = costs[a] - costs[*cand];
           if (d <= 0 || d >= gap) continue;
@@ -127,12 +181,11 @@ void refine(const std::vector<std::int64_t>& costs, int world, std::vector<int>&
             best_d = d, best_a = static_cast<std::int64_t>(ai), best_b = cand - lc.begin();
         }
       }
-      if (best_a < 0) continue;
-      std::swap(mine[heavy][best_a], lc[best_b]);
-      owner[mine[heavy][best_a]] = heavy;
-      owner[lc[best_b]] = light;
-      load[heavy] -= best_d;
-      load[light] += best_d;
+      if (best_a >= 0) {
+        move(heavy, light, {best_a}, {best_b}, best_d);
+      } else if (!swap_pairs(heavy, light, gap)) {
+        continue;
+      }
       swapped = true;
       break;
     }
