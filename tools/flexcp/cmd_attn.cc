@@ -2,10 +2,10 @@
 #include <iostream>
 #include <optional>
 
+#include "cli_options.h"
 #include "commands.h"
 #include "flexcp/flexcp.h"
 #include "host_tensor.h"
-#include "mask_args.h"
 #include "npy.h"
 
 namespace flexcp::tools {

@@ -3,10 +3,10 @@
 #include <iostream>
 #include <nlohmann/json.hpp>
 
+#include "cli_options.h"
 #include "commands.h"
 #include "flexcp/flexcp.h"
 #include "host_tensor.h"
-#include "mask_args.h"
 #include "timing.h"
 
 namespace flexcp::tools {
@@ -14,8 +14,7 @@ namespace {
 
 struct BenchArgs {
   MaskArgs mask;
-  std::int64_t heads = 8, heads_kv = 8, head_dim = 128;
-  std::string dtype = "bf16";
+  ShapeArgs shape{8, 8, 128, "bf16"};
   std::string device = "cpu";
   bool backward = false;
   bool json = false;
@@ -27,31 +26,32 @@ void run_bench(const BenchArgs& a) {
     throw Error(Status::kNotCompiled,
                 "flexcp bench: --device " + a.device +
                     ": no kernel for this device is compiled into this build");
-  const DType dtype = parse_dtype(a.dtype);
+  const DType dtype = parse_dtype(a.shape.dtype);
   const Mask mask = build_mask(a.mask);
   const std::int64_t tq = mask.seqlen_q(), tk = mask.seqlen_k();
   std::mt19937_64 rng(2024);
-  HostTensor q(dtype, {tq, a.heads, a.head_dim}), k(dtype, {tk, a.heads_kv, a.head_dim}),
-      v(dtype, {tk, a.heads_kv, a.head_dim}), out(dtype, {tq, a.heads, a.head_dim}),
-      lse(DType::kFloat32, {tq, a.heads});
+  HostTensor q(dtype, {tq, a.shape.heads, a.shape.head_dim}),
+      k(dtype, {tk, a.shape.heads_kv, a.shape.head_dim}),
+      v(dtype, {tk, a.shape.heads_kv, a.shape.head_dim}),
+      out(dtype, {tq, a.shape.heads, a.shape.head_dim}), lse(DType::kFloat32, {tq, a.shape.heads});
   for (HostTensor* t : {&q, &k, &v}) t->fill_uniform(rng, 1.0f);
-  const double flops = forward_flops(mask.area(), a.head_dim, a.heads);
+  const double flops = forward_flops(mask.area(), a.shape.head_dim, a.shape.heads);
   nlohmann::json results = nlohmann::json::array();
   auto report = [&](const char* dir, double seconds, double dir_flops) {
     const double tflops = dir_flops / seconds / 1e12;
     const std::string head = "[case] mask=" + describe_mask(a.mask) + " Tq=" + std::to_string(tq) +
-                             " Tk=" + std::to_string(tk) + " H=" + std::to_string(a.heads) +
-                             " HK=" + std::to_string(a.heads_kv) +
-                             " D=" + std::to_string(a.head_dim) + " dtype=" + a.dtype +
+                             " Tk=" + std::to_string(tk) + " H=" + std::to_string(a.shape.heads) +
+                             " HK=" + std::to_string(a.shape.heads_kv) +
+                             " D=" + std::to_string(a.shape.head_dim) + " dtype=" + a.shape.dtype +
                              " device=" + a.device + " dir=" + dir;
     if (a.json) {
       results.push_back({{"mask", describe_mask(a.mask)},
                          {"seqlen_q", tq},
                          {"seqlen_k", tk},
-                         {"heads", a.heads},
-                         {"heads_kv", a.heads_kv},
-                         {"head_dim", a.head_dim},
-                         {"dtype", a.dtype},
+                         {"heads", a.shape.heads},
+                         {"heads_kv", a.shape.heads_kv},
+                         {"head_dim", a.shape.head_dim},
+                         {"dtype", a.shape.dtype},
                          {"device", a.device},
                          {"direction", dir},
                          {"area", mask.area()},
@@ -66,8 +66,10 @@ void run_bench(const BenchArgs& a) {
                      a.warmup, a.repeat);
   report("fwd", t_fwd, flops);
   if (a.backward) {
-    HostTensor dout(dtype, {tq, a.heads, a.head_dim}), dq(dtype, {tq, a.heads, a.head_dim}),
-        dk(dtype, {tk, a.heads_kv, a.head_dim}), dv(dtype, {tk, a.heads_kv, a.head_dim});
+    HostTensor dout(dtype, {tq, a.shape.heads, a.shape.head_dim}),
+        dq(dtype, {tq, a.shape.heads, a.shape.head_dim}),
+        dk(dtype, {tk, a.shape.heads_kv, a.shape.head_dim}),
+        dv(dtype, {tk, a.shape.heads_kv, a.shape.head_dim});
     dout.fill_uniform(rng, 1.0f);
     const double t_bwd = median_seconds(
         [&] {
@@ -87,12 +89,7 @@ void add_bench_command(CLI::App& app) {
   CLI::App* cmd =
       app.add_subcommand("bench", "Time the attention kernel on a mask (TFLOPS on attended pairs)");
   add_mask_options(*cmd, args->mask);
-  cmd->add_option("--heads", args->heads, "Query heads")->capture_default_str();
-  cmd->add_option("--heads-kv", args->heads_kv, "Key/value heads")->capture_default_str();
-  cmd->add_option("--head-dim", args->head_dim, "Head dimension")->capture_default_str();
-  cmd->add_option("--dtype", args->dtype, "fp32, bf16 or fp16")
-      ->check(CLI::IsMember({"fp32", "bf16", "fp16"}))
-      ->capture_default_str();
+  add_shape_options(*cmd, args->shape);
   cmd->add_option("--device", args->device, "cpu or cuda")
       ->check(CLI::IsMember({"cpu", "cuda"}))
       ->capture_default_str();

@@ -4,9 +4,9 @@
 #include <fstream>
 #include <iostream>
 
+#include "cli_options.h"
 #include "commands.h"
 #include "flexcp/flexcp.h"
-#include "mask_args.h"
 
 namespace flexcp::tools {
 namespace {

@@ -5,9 +5,9 @@
 #include <iostream>
 #include <nlohmann/json.hpp>
 
+#include "cli_options.h"
 #include "commands.h"
 #include "flexcp/flexcp.h"
-#include "mask_args.h"
 
 namespace flexcp::tools {
 namespace {

@@ -9,10 +9,10 @@
 #include <cstdio>
 #include <string>
 
+#include "cli_options.h"
 #include "commands.h"
 #include "flexcp/flexcp.h"
 #include "host_tensor.h"
-#include "mask_args.h"
 #include "timing.h"
 
 namespace flexcp::tools {
@@ -20,8 +20,7 @@ namespace {
 
 struct RunArgs {
   MaskArgs mask;
-  std::int64_t heads = 8, heads_kv = 2, head_dim = 128;
-  std::string dtype = "bf16";
+  ShapeArgs shape{8, 2, 128, "bf16"};
   std::uint64_t seed = 7;
   std::int64_t chunk = 0;
   int stages = 0;
@@ -71,30 +70,36 @@ void run_ranks(RunArgs a, Communicator& comm_ref) {
   if (a.mask.seqlen == 0) a.mask.seqlen = 32768;
   Communicator* comm = &comm_ref;
   const int rank = comm->rank(), world = comm->size();
-  const DType dtype = parse_dtype(a.dtype);
+  const DType dtype = parse_dtype(a.shape.dtype);
   const Mask mask = build_mask(a.mask);
   const std::int64_t tq = mask.seqlen_q(), tk = mask.seqlen_k();
 
   // The same global inputs on every rank (same seed); each keeps its own rows.
   std::mt19937_64 rng(a.seed);
-  HostTensor q(dtype, {tq, a.heads, a.head_dim}), k(dtype, {tk, a.heads_kv, a.head_dim}),
-      v(dtype, {tk, a.heads_kv, a.head_dim}), dout(dtype, {tq, a.heads, a.head_dim});
+  HostTensor q(dtype, {tq, a.shape.heads, a.shape.head_dim}),
+      k(dtype, {tk, a.shape.heads_kv, a.shape.head_dim}),
+      v(dtype, {tk, a.shape.heads_kv, a.shape.head_dim}),
+      dout(dtype, {tq, a.shape.heads, a.shape.head_dim});
   for (HostTensor* t : {&q, &k, &v, &dout}) t->fill_uniform(rng, 1.0f);
   DistAttentionOptions options;
   options.plan.chunk_size = a.chunk;
   options.plan.num_stages = a.stages;
-  DistAttention dist(mask, *comm, a.heads, a.heads_kv, a.head_dim, dtype, options);
+  DistAttention dist(mask, *comm, a.shape.heads, a.shape.heads_kv, a.shape.head_dim, dtype,
+                     options);
   const Plan& plan = dist.plan();
   const std::int64_t lq = dist.local_q_tokens(), lk = dist.local_k_tokens();
-  HostTensor ql(dtype, {lq, a.heads, a.head_dim}), dol(dtype, {lq, a.heads, a.head_dim}),
-      kl(dtype, {lk, a.heads_kv, a.head_dim}), vl(dtype, {lk, a.heads_kv, a.head_dim});
+  HostTensor ql(dtype, {lq, a.shape.heads, a.shape.head_dim}),
+      dol(dtype, {lq, a.shape.heads, a.shape.head_dim}),
+      kl(dtype, {lk, a.shape.heads_kv, a.shape.head_dim}),
+      vl(dtype, {lk, a.shape.heads_kv, a.shape.head_dim});
   dist.dispatch_q(q.view(), ql.view());
   dist.dispatch_q(dout.view(), dol.view());
   dist.dispatch_kv(k.view(), kl.view());
   dist.dispatch_kv(v.view(), vl.view());
-  HostTensor ol(dtype, {lq, a.heads, a.head_dim}), ll(DType::kFloat32, {lq, a.heads}),
-      dql(dtype, {lq, a.heads, a.head_dim}), dkl(dtype, {lk, a.heads_kv, a.head_dim}),
-      dvl(dtype, {lk, a.heads_kv, a.head_dim});
+  HostTensor ol(dtype, {lq, a.shape.heads, a.shape.head_dim}),
+      ll(DType::kFloat32, {lq, a.shape.heads}), dql(dtype, {lq, a.shape.heads, a.shape.head_dim}),
+      dkl(dtype, {lk, a.shape.heads_kv, a.shape.head_dim}),
+      dvl(dtype, {lk, a.shape.heads_kv, a.shape.head_dim});
   comm->barrier();
   dist.forward(ql.view(), kl.view(), vl.view(), ol.view(), ll.view());
   dist.backward(dol.view(), ql.view(), kl.view(), vl.view(), ol.view(), ll.view(), dql.view(),
@@ -104,7 +109,7 @@ void run_ranks(RunArgs a, Communicator& comm_ref) {
   const DistStats& st = dist.stats();
   RankReport mine{lq,
                   plan.ranks[rank].area,
-                  plan.ranks[rank].recv_tokens * 2 * a.heads_kv * a.head_dim *
+                  plan.ranks[rank].recv_tokens * 2 * a.shape.heads_kv * a.shape.head_dim *
                       static_cast<std::int64_t>(dtype_size(dtype)),
                   st.fwd_bytes_received,
                   st.bwd_bytes_received,
@@ -117,8 +122,10 @@ void run_ranks(RunArgs a, Communicator& comm_ref) {
   std::vector<RankReport> reports(world);
   comm->all_gather(&mine, sizeof mine, reports.data());
 
-  HostTensor og(dtype, {tq, a.heads, a.head_dim}), dqg(dtype, {tq, a.heads, a.head_dim}),
-      dkg(dtype, {tk, a.heads_kv, a.head_dim}), dvg(dtype, {tk, a.heads_kv, a.head_dim});
+  HostTensor og(dtype, {tq, a.shape.heads, a.shape.head_dim}),
+      dqg(dtype, {tq, a.shape.heads, a.shape.head_dim}),
+      dkg(dtype, {tk, a.shape.heads_kv, a.shape.head_dim}),
+      dvg(dtype, {tk, a.shape.heads_kv, a.shape.head_dim});
   dist.undispatch_q(ol.view(), og.view());
   dist.undispatch_q(dql.view(), dqg.view());
   dist.undispatch_kv(dkl.view(), dkg.view());
@@ -133,9 +140,9 @@ void run_ranks(RunArgs a, Communicator& comm_ref) {
         "q [%lld, %lld, %lld], k/v [%lld, %lld, %lld], %s; plan: chunk %lld, %d remote stage(s), "
         "imbalance %.4f, "
         "plan_ms %.2f\n",
-        (long long)tq, (long long)a.heads, (long long)a.head_dim, (long long)tk,
-        (long long)a.heads_kv, (long long)a.head_dim, a.dtype.c_str(), (long long)plan.chunk_size,
-        plan.num_stages, plan.imbalance, plan.plan_ms());
+        (long long)tq, (long long)a.shape.heads, (long long)a.shape.head_dim, (long long)tk,
+        (long long)a.shape.heads_kv, (long long)a.shape.head_dim, a.shape.dtype.c_str(),
+        (long long)plan.chunk_size, plan.num_stages, plan.imbalance, plan.plan_ms());
     std::printf("%5s %9s %12s %8s %14s %14s %10s %10s %10s %10s\n", "rank", "q_tokens", "area",
                 "/mean", "kv_bytes_plan", "kv_bytes_moved", "fwd_ms", "fwd_wait", "bwd_ms",
                 "dkv_bytes");
@@ -156,7 +163,7 @@ void run_ranks(RunArgs a, Communicator& comm_ref) {
       fwd = std::max(fwd, x.forward_ms), bwd = std::max(bwd, x.backward_ms);
       wait += x.wait_ms, busy += x.forward_ms;
     }
-    const double flops = forward_flops(mask.area(), a.head_dim, a.heads);
+    const double flops = forward_flops(mask.area(), a.shape.head_dim, a.shape.heads);
     std::printf(
         "forward %.1f ms (%.1f GFLOPS), backward %.1f ms (%.1f GFLOPS); forward time waiting for "
         "K/V: %.1f%%\n",
@@ -173,9 +180,10 @@ void run_ranks(RunArgs a, Communicator& comm_ref) {
 
     // The single-rank computation, with every core of this machine.
     omp_set_num_threads(omp_get_num_procs());
-    HostTensor out(dtype, {tq, a.heads, a.head_dim}), lse(DType::kFloat32, {tq, a.heads}),
-        dq(dtype, {tq, a.heads, a.head_dim}), dk(dtype, {tk, a.heads_kv, a.head_dim}),
-        dv(dtype, {tk, a.heads_kv, a.head_dim});
+    HostTensor out(dtype, {tq, a.shape.heads, a.shape.head_dim}),
+        lse(DType::kFloat32, {tq, a.shape.heads}), dq(dtype, {tq, a.shape.heads, a.shape.head_dim}),
+        dk(dtype, {tk, a.shape.heads_kv, a.shape.head_dim}),
+        dv(dtype, {tk, a.shape.heads_kv, a.shape.head_dim});
     forward(q.view(), k.view(), v.view(), mask, out.view(), lse.view());
     backward(dout.view(), q.view(), k.view(), v.view(), out.view(), lse.view(), mask, dq.view(),
              dk.view(), dv.view());
@@ -208,12 +216,7 @@ void add_run_command(CLI::App& app) {
   CLI::App* cmd = app.add_subcommand(
       "run", "The main job: distributed attention (mpirun -np N flexcp run), checked");
   add_mask_options(*cmd, args->mask);
-  cmd->add_option("--heads", args->heads, "Query heads")->capture_default_str();
-  cmd->add_option("--heads-kv", args->heads_kv, "Key/value heads")->capture_default_str();
-  cmd->add_option("--head-dim", args->head_dim, "Head dimension")->capture_default_str();
-  cmd->add_option("--dtype", args->dtype, "fp32, bf16 or fp16")
-      ->check(CLI::IsMember({"fp32", "bf16", "fp16"}))
-      ->capture_default_str();
+  add_shape_options(*cmd, args->shape);
   cmd->add_option("--chunk", args->chunk, "Tokens per chunk (default: automatic)");
   cmd->add_option("--stages", args->stages, "Remote stages (default: from the cost model)");
   cmd->add_option("--seed", args->seed, "Random seed for the inputs")->capture_default_str();

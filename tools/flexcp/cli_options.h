@@ -1,5 +1,5 @@
-// Mask options shared by the subcommands: a JSON spec (--mask-file) or a generator (--mask NAME
-// with sizes), so that no one has to write JSON for common cases.
+// Options shared by the subcommands. Masks: a JSON spec (--mask-file) or a generator (--mask NAME
+// with sizes), so that no one has to write JSON for common cases. Shapes: heads, dim, dtype.
 #pragma once
 
 #include <CLI/CLI.hpp>
@@ -34,5 +34,15 @@ Mask build_mask(const MaskArgs& args);
 
 // "varlen-causal T=16384" or the file name, for report lines.
 std::string describe_mask(const MaskArgs& args);
+
+struct ShapeArgs {
+  std::int64_t heads = 8;
+  std::int64_t heads_kv = 8;
+  std::int64_t head_dim = 128;
+  std::string dtype = "bf16";
+};
+
+// --heads, --heads-kv, --head-dim and --dtype (fp32, bf16 or fp16).
+void add_shape_options(CLI::App& cmd, ShapeArgs& shape);
 
 }  // namespace flexcp::tools

@@ -1,4 +1,4 @@
-#include "mask_args.h"
+#include "cli_options.h"
 
 #include <cmath>
 
@@ -95,6 +95,15 @@ std::string describe_mask(const MaskArgs& a) {
   if (a.kind.rfind("sliding", 0) == 0) d += " w=" + std::to_string(a.window);
   if (a.kind == "block-causal") d += " block=" + std::to_string(a.block);
   return d;
+}
+
+void add_shape_options(CLI::App& cmd, ShapeArgs& s) {
+  cmd.add_option("--heads", s.heads, "Query heads")->capture_default_str();
+  cmd.add_option("--heads-kv", s.heads_kv, "Key/value heads")->capture_default_str();
+  cmd.add_option("--head-dim", s.head_dim, "Head dimension")->capture_default_str();
+  cmd.add_option("--dtype", s.dtype, "fp32, bf16 or fp16")
+      ->check(CLI::IsMember({"fp32", "bf16", "fp16"}))
+      ->capture_default_str();
 }
 
 }  // namespace flexcp::tools
