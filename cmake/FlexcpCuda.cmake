@@ -30,3 +30,28 @@ if(FLEXCP_WITH_CUDA)
 else()
   message(STATUS "flexcp: CPU-only build (no CUDA)")
 endif()
+
+# CUTLASS/CuTe 4.2 headers for the Hopper kernels: from -DFLEXCP_CUTLASS_INCLUDE, else
+# .deps/cutlass/include (scripts/install-deps.sh puts the pinned wheel's headers there).
+if(FLEXCP_WITH_CUDA)
+  set(FLEXCP_CUTLASS_INCLUDE "${PROJECT_SOURCE_DIR}/.deps/cutlass/include" CACHE PATH
+      "Folder holding CUTLASS 4.2's cute/ and cutlass/ headers")
+  set(_cutlass_version_h "${FLEXCP_CUTLASS_INCLUDE}/cutlass/version.h")
+  if(NOT EXISTS "${_cutlass_version_h}" OR NOT EXISTS "${FLEXCP_CUTLASS_INCLUDE}/cute/tensor.hpp")
+    message(FATAL_ERROR "CUTLASS 4.2 headers not found under FLEXCP_CUTLASS_INCLUDE="
+                        "${FLEXCP_CUTLASS_INCLUDE}. Run scripts/install-deps.sh (it downloads the "
+                        "pinned wheel nvidia-cutlass==4.2.0.0 into .deps/cutlass), pass "
+                        "-DFLEXCP_CUTLASS_INCLUDE=<dir>, or configure with -DFLEXCP_CUDA=OFF.")
+  endif()
+  file(STRINGS "${_cutlass_version_h}" _cutlass_major REGEX "#define CUTLASS_MAJOR ")
+  file(STRINGS "${_cutlass_version_h}" _cutlass_minor REGEX "#define CUTLASS_MINOR ")
+  string(REGEX MATCH "[0-9]+" _cutlass_major "${_cutlass_major}")
+  string(REGEX MATCH "[0-9]+" _cutlass_minor "${_cutlass_minor}")
+  if(NOT _cutlass_major EQUAL 4 OR NOT _cutlass_minor EQUAL 2)
+    message(FATAL_ERROR "CUTLASS under ${FLEXCP_CUTLASS_INCLUDE} is ${_cutlass_major}.${_cutlass_minor}; "
+                        "flexcp is pinned to 4.2 (scripts/install-deps.sh fetches it)")
+  endif()
+  # Which sm90 forward instantiations to compile (pruned ones answer "not compiled" at run time).
+  set(FLEXCP_SM90_DTYPES "bf16;fp16" CACHE STRING "dtypes of the sm90 forward kernel")
+  set(FLEXCP_SM90_HEAD_DIMS "64;128" CACHE STRING "head dims of the sm90 forward kernel")
+endif()

@@ -1,22 +1,60 @@
 #!/usr/bin/env bash
-# One full check on a GPU host (the lent H200): builds everything with all cores in build/gpu, runs
-# the whole ctest suite (GPU tests included), and writes logs under the folder given (default
-# gpu-results/). The device image already has every build dependency (see docs/gpu-host.md).
-#   scripts/gpu-check.sh "$OUT"
+# One full check on a GPU host (the lent H200): builds everything with all cores in build/gpu, reads
+# the kernel's resources and instructions, runs the whole ctest suite (GPU tests included), runs
+# compute-sanitizer memcheck and racecheck on a small case, and, when lengths are given, the
+# benchmark against the peers. Writes its logs under the folder given (default gpu-results/).
+#   scripts/gpu-check.sh OUT [bench lengths...]       e.g. scripts/gpu-check.sh "$OUT" 1024 32768
+# The device image has every build dependency but CUTLASS: carry .deps/cutlass (docs/gpu-host.md).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 out=${1:-gpu-results}
+shift || true
 mkdir -p "$out"
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
+summary="$out/summary.txt"
 {
+  date -u
   nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.sm,clocks.max.sm --format=csv
   nvcc --version | tail -1
   git rev-parse --short HEAD 2>/dev/null || true
-} > "$out/gpu.txt" 2>&1
-cmake -S . -B build/gpu -G Ninja -DCMAKE_BUILD_TYPE=Release > "$out/configure.log" 2>&1 || { tail -20 "$out/configure.log"; exit 1; }
-cmake --build build/gpu -j "$(nproc)" > "$out/build.log" 2>&1 || { tail -40 "$out/build.log"; exit 1; }
+} > "$summary" 2>&1
+t0=$SECONDS
+cmake -S . -B build/gpu -G Ninja -DCMAKE_BUILD_TYPE=Release > "$out/build.log" 2>&1 &&
+  cmake --build build/gpu -j "$(nproc)" >> "$out/build.log" 2>&1 ||
+  { tail -40 "$out/build.log"; exit 1; }
+echo "build: $((SECONDS - t0)) s" >> "$summary"
+
+# What the compiler made of the kernels: registers, spills, and the instructions that matter.
+for obj in build/gpu/src/CMakeFiles/flexcp_objects.dir/__/generated/kernels/sm90/*.o; do
+  sass=$(cuobjdump --dump-sass "$obj" 2>/dev/null)
+  printf '%s: HGMMA %s, UTMALDG %s, LDL/STL %s, MUFU.EX2 %s, SETMAXREG %s\n' "$(basename "$obj")" \
+    "$(grep -c HGMMA <<< "$sass")" "$(grep -c UTMALDG <<< "$sass")" \
+    "$(grep -cE '\b(LDL|STL)\b' <<< "$sass")" "$(grep -c MUFU.EX2 <<< "$sass")" \
+    "$(grep -c SETMAXREG <<< "$sass")"
+  cuobjdump --dump-resource-usage "$obj" 2>/dev/null | grep -E "REG|STACK|SHARED" | head -2
+done >> "$summary"
+
+t0=$SECONDS
 ctest --test-dir build/gpu -j 8 --output-on-failure > "$out/ctest.log" 2>&1
 rc=$?
-grep -E "CudaDevice|tests passed|tests failed|Skipped|Failed" "$out/ctest.log" | tail -12
-cat "$out/gpu.txt"
+echo "ctest: rc $rc, $((SECONDS - t0)) s; $(grep -E 'tests passed|tests failed' "$out/ctest.log")" >> "$summary"
+
+t0=$SECONDS
+for tool in memcheck racecheck; do
+  compute-sanitizer --tool "$tool" --error-exitcode 3 build/gpu/tests/cuda_tests \
+    --gtest_filter='Sm90Forward.FullyMaskedRowsAndEmptyMasks' > "$out/sanitizer-$tool.log" 2>&1
+  src=$?
+  echo "compute-sanitizer $tool: rc $src; $(grep -E 'ERROR SUMMARY|RACECHECK SUMMARY' "$out/sanitizer-$tool.log" | head -1)" >> "$summary"
+  ((src == 0)) || rc=1
+done
+echo "sanitizers: $((SECONDS - t0)) s" >> "$summary"
+
+if (($#)); then
+  t0=$SECONDS
+  bench/gpu_bench.sh "$out" "$@" > "$out/bench.log" 2>&1 || { tail -20 "$out/bench.log"; rc=1; }
+  echo "bench: $((SECONDS - t0)) s" >> "$summary"
+fi
+grep -E "Failed|\*\*\*Failed|FAILED" "$out/ctest.log" | head -20
+cat "$summary"
+[[ -f "$out/gpu_bench_h64-8-d128.md" ]] && cat "$out/gpu_bench_h64-8-d128.md"
 exit $rc

@@ -18,6 +18,9 @@ struct AttentionOptions {
   double softcap = 0.0;
   // Optional per-head sink logits, fp32 [Hq]: exp(sink[h]) joins each row's denominator only.
   TensorView sink;
+  // For device tensors: the cudaStream_t the kernel runs on (null: the legacy default stream).
+  // The call returns once the work is queued; results are ready when the stream reaches it.
+  void* cuda_stream = nullptr;
 };
 
 // out[q] = sum_k softmax_k(s(q, k)) v[k] over the keys q attends; lse[q] = log sum_k exp(s(q, k))

@@ -4,6 +4,9 @@
 #include "core/checks.h"
 #include "flexcp/status.h"
 #include "kernels/cpu/cpu_attention.h"
+#if defined(FLEXCP_WITH_CUDA)
+#include "kernels/sm90/sm90_forward.h"
+#endif
 
 namespace flexcp {
 namespace {
@@ -15,10 +18,9 @@ std::vector<Band> mask_work(const Mask& mask) {
   return work;
 }
 
-[[noreturn]] void no_device_kernel(const char* fn) {
-  throw Error(Status::kNotCompiled, std::string(fn) +
-                                        ": no CUDA kernel is compiled into this build yet; pass "
-                                        "tensors in host memory (device cpu)");
+[[noreturn]] void no_device_kernel(const char* fn, const char* why) {
+  throw Error(Status::kNotCompiled, std::string(fn) + ": " + why +
+                                        "; pass tensors in host memory (device cpu)");
 }
 
 }  // namespace
@@ -27,7 +29,17 @@ void forward(const TensorView& q, const TensorView& k, const TensorView& v, cons
              const TensorView& out, const TensorView& lse, const AttentionOptions& options) {
   const AttentionShape s =
       check_forward_args("flexcp::forward", q, k, v, mask, out, lse, options, false);
-  if (s.device != Device::kCpu) no_device_kernel("flexcp::forward");
+  if (s.device == Device::kCuda) {
+#if defined(FLEXCP_WITH_CUDA)
+    if (s.dtype == DType::kFloat32)
+      throw Error(Status::kNotCompiled,
+                  "flexcp::forward: q has dtype fp32; the CUDA kernel takes bf16 or fp16");
+    sm90::forward(s, q, k, v, mask_work(mask), out, lse, options);
+    return;
+#else
+    no_device_kernel("flexcp::forward", "this build has no CUDA kernels (configured without CUDA)");
+#endif
+  }
   cpu::forward(s, q, k, v, mask_work(mask), out, lse, options);
 }
 
@@ -37,7 +49,7 @@ void backward(const TensorView& dout, const TensorView& q, const TensorView& k, 
               const TensorView& dsink) {
   const AttentionShape s = check_backward_args("flexcp::backward", dout, q, k, v, out, lse, mask,
                                                dq, dk, dv, options, dsink, false);
-  if (s.device != Device::kCpu) no_device_kernel("flexcp::backward");
+  if (s.device != Device::kCpu) no_device_kernel("flexcp::backward", "the CUDA backward is not written yet");
   cpu::backward(s, dout, q, k, v, out, lse, mask_work(mask), dq, dk, dv, options, dsink);
 }
 

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # On the GPU host: writes the protocol masks of DESIGN §6 with flexcp's own generators, then times
-# the peers on them (bench/gpu_peers.py). Needs a built flexcp tool (scripts/gpu-check.sh builds
-# build/gpu).   bench/gpu_peers.sh OUT_DIR [lengths...]
+# flexcp's forward and its peers on them in one run (bench/gpu_attention_bench.py). Needs a built
+# flexcp tool (scripts/gpu-check.sh builds build/gpu).
+#   bench/gpu_bench.sh OUT_DIR [lengths...]      (HEADS, HEADS_KV, HEAD_DIM from the environment)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 out=${1:?output folder}
@@ -22,4 +23,5 @@ for t in "${lengths[@]}"; do
   $cli mask --mask shared-question --question 1024 --seqlen "$t" "${docs[@]}" --out "$specs/shared-question-$t.json" >/dev/null
   $cli mask --mask prefix-lm --seqlen "$t" "${docs[@]}" --out "$specs/prefix-lm-$t.json" >/dev/null
 done
-python3 bench/gpu_peers.py --specs "$specs" --out "$out"
+python3 bench/gpu_attention_bench.py --flexcp "$cli" --specs "$specs" --out "$out" \
+  --heads "${HEADS:-64}" --heads-kv "${HEADS_KV:-8}" --head-dim "${HEAD_DIM:-128}"

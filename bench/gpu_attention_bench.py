@@ -1,16 +1,19 @@
-"""Peers of flexcp's GPU kernel on the DESIGN §6 kernel protocol: torch SDPA (cuDNN and flash
-backends, on full and causal) and compiled FlexAttention (every mask), on the GPU host.
+"""flexcp's Hopper forward and its peers on the DESIGN §6 kernel protocol, in one run on the GPU
+host: `flexcp bench --device cuda` (every mask), torch SDPA (cuDNN and flash backends, on full and
+causal) and compiled FlexAttention (every mask). The figure that matters is the ratio.
 
 Masks come from flexcp itself (`flexcp mask ... --out m.json`), so the peers compute exactly the
 pairs flexcp does; TFLOPS count attended pairs only (forward 4 * area * D * Hq). Each row of these
 masks attends at most two key intervals, which is what the FlexAttention mask_mod encodes.
 
-    python3 bench/gpu_peers.py --specs DIR --out DIR   (DIR holds <mask>-<T>.json files)
+    python3 bench/gpu_attention_bench.py --flexcp CLI --specs DIR --out DIR
+        (DIR holds <mask>-<T>.json files; bench/gpu_bench.sh writes them)
 """
 import argparse
 import glob
 import json
 import os
+import subprocess
 import sys
 
 import numpy as np
@@ -58,8 +61,24 @@ def bench(fn):
     return triton.testing.do_bench(fn, warmup=25, rep=100, return_mode="median")
 
 
+def flexcp_ms(cli, spec_path, a):
+    """Median milliseconds of one flexcp forward, timed by the tool with CUDA events."""
+    cmd = [cli, "bench", "--device", "cuda", "--mask-file", spec_path, "--heads", str(a.heads),
+           "--heads-kv", str(a.heads_kv), "--head-dim", str(a.head_dim), "--dtype", "bf16",
+           "--json", "--warmup", "2", "--repeat", "7"]
+    res = subprocess.run(cmd, capture_output=True, text=True)
+    if res.returncode != 0:
+        raise RuntimeError(" ".join(cmd) + " failed: " + (res.stderr or res.stdout)[-400:])
+    return json.loads(res.stdout.strip().splitlines()[-1])[0]["time_us"] * 1e-3
+
+
+def ratio(r, a, b):
+    return "%.2f" % (r[a] / r[b]) if a in r and b in r else "-"
+
+
 def main():
     p = argparse.ArgumentParser()
+    p.add_argument("--flexcp", required=True, help="the flexcp tool")
     p.add_argument("--specs", required=True)
     p.add_argument("--out", required=True)
     p.add_argument("--heads", type=int, default=64)
@@ -87,6 +106,7 @@ def main():
         v = torch.randn(shape_kv, device=dev, dtype=torch.bfloat16)
         block_mask = create_block_mask(mask_mod, 1, 1, t, t, device=dev)
         row = {"mask": name, "seqlen": t, "area": area}
+        row["flexcp_ms"] = flexcp_ms(a.flexcp, path, a)
         out_flex = flex(q, k, v, block_mask=block_mask, enable_gqa=True)
         row["flex_ms"] = bench(lambda: flex(q, k, v, block_mask=block_mask, enable_gqa=True))
         kind = spec["slices"][0]["type"] if len(spec["slices"]) == 1 else None
@@ -111,15 +131,19 @@ def main():
     os.makedirs(a.out, exist_ok=True)
     meta = {"gpu": torch.cuda.get_device_name(), "torch": torch.__version__,
             "heads": a.heads, "heads_kv": a.heads_kv, "head_dim": a.head_dim, "dtype": "bf16"}
-    json.dump({"meta": meta, "rows": rows}, open(os.path.join(a.out, "gpu_peers.json"), "w"), indent=1)
-    with open(os.path.join(a.out, "gpu_peers.md"), "w") as md:
-        md.write(f"# GPU peers ({meta['gpu']}, torch {meta['torch']}, bf16, H={a.heads} HK={a.heads_kv} D={a.head_dim})\n\n")
-        md.write("| mask | T | area | FlexAttention TFLOPS | cuDNN TFLOPS | flash TFLOPS |\n|---|---|---|---|---|---|\n")
-        for r in rows:
-            md.write("| %s | %d | %d | %.1f | %s | %s |\n" % (
-                r["mask"], r["seqlen"], r["area"], r["flex_tflops"],
+    tag = f"h{a.heads}-{a.heads_kv}-d{a.head_dim}"
+    json.dump({"meta": meta, "rows": rows}, open(os.path.join(a.out, f"gpu_bench_{tag}.json"), "w"), indent=1)
+    with open(os.path.join(a.out, f"gpu_bench_{tag}.md"), "w") as md:
+        md.write(f"# flexcp forward and peers ({meta['gpu']}, torch {meta['torch']}, bf16, H={a.heads} HK={a.heads_kv} D={a.head_dim})\n\n")
+        md.write("| mask | T | area | flexcp TFLOPS | cuDNN | flash | FlexAttention | flexcp/cuDNN | flexcp/flash | flexcp/Flex |\n"
+                 "|---|---|---|---|---|---|---|---|---|---|\n")
+        for r in sorted(rows, key=lambda r: (r["mask"].rsplit("-", 1)[0], r["seqlen"])):
+            md.write("| %s | %d | %d | %.1f | %s | %s | %.1f | %s | %s | %s |\n" % (
+                r["mask"].rsplit("-", 1)[0], r["seqlen"], r["area"], r["flexcp_tflops"],
                 "%.1f" % r["cudnn_tflops"] if "cudnn_tflops" in r else "-",
-                "%.1f" % r["flash_tflops"] if "flash_tflops" in r else "-"))
+                "%.1f" % r["flash_tflops"] if "flash_tflops" in r else "-",
+                r["flex_tflops"], ratio(r, "flexcp_tflops", "cudnn_tflops"),
+                ratio(r, "flexcp_tflops", "flash_tflops"), ratio(r, "flexcp_tflops", "flex_tflops")))
     return 0
 
 

@@ -1,0 +1,385 @@
+// The Hopper forward kernel: one persistent CTA per SM walks (q tile, kv head) items busiest first.
+// Warp group 0 is the producer (one thread issues every TMA load); warp groups 1 and 2 each own 64
+// of the tile's 128 rows and run S = Q K^T (wgmma, both operands in shared memory), the masked
+// online softmax in registers, and O += P V (wgmma, P from registers). K and V flow through their
+// own pipelines of kStages buffers, so S of the next block can start before its V arrives.
+#pragma once
+
+#include <cute/arch/copy_sm90_tma.hpp>
+#include <cute/tensor.hpp>
+#include <cutlass/arch/barrier.h>
+#include <cutlass/arch/reg_reconfig.h>
+#include <cutlass/numeric_conversion.h>
+#include <cutlass/pipeline/pipeline.hpp>
+
+#include "kernels/sm90/fwd_params.h"
+
+namespace flexcp::sm90 {
+
+template <class Element_, int kHeadDim_>
+struct FwdConfig {
+  using Element = Element_;
+  static constexpr int kHeadDim = kHeadDim_;
+  static constexpr int kStages = kHeadDim <= 64 ? 3 : 2;
+  static constexpr int kConsumers = 2;  // warp groups of 64 rows each
+  static constexpr int kThreads = 128 * (kConsumers + 1);
+  static constexpr int kPanels = kHeadDim / 64;  // 128-byte swizzle panels along D (one TMA box)
+  static_assert(kHeadDim % 64 == 0 && kBlockM == 64 * kConsumers);
+
+  using TileQK = cute::Shape<cute::Int<kBlockM>, cute::Int<kBlockN>, cute::Int<kHeadDim>>;
+  using TilePV = cute::Shape<cute::Int<kBlockM>, cute::Int<kHeadDim>, cute::Int<kBlockN>>;
+  using AtomLayout = cute::Layout<cute::Shape<cute::Int<kConsumers>, cute::_1, cute::_1>>;
+  using MmaQK = decltype(cute::make_tiled_mma(
+      cute::GMMA::ss_op_selector<Element, Element, float, TileQK>(), AtomLayout{}));
+  using MmaPV = decltype(cute::make_tiled_mma(
+      cute::GMMA::rs_op_selector<Element, Element, float, TilePV, cute::GMMA::Major::K,
+                                 cute::GMMA::Major::MN>(),
+      AtomLayout{}));
+
+  using SwizzleAtom = decltype(cute::GMMA::Layout_K_SW128_Atom<Element>{});
+  using SmemLayoutQ = decltype(cute::tile_to_shape(
+      SwizzleAtom{}, cute::Shape<cute::Int<kBlockM>, cute::Int<kHeadDim>>{}));
+  using SmemLayoutKV = decltype(cute::tile_to_shape(
+      SwizzleAtom{},
+      cute::Shape<cute::Int<kBlockN>, cute::Int<kHeadDim>, cute::Int<kStages>>{}));
+  // V read as the B operand of P V: (D, keys, stage), keys being the reduction (MN-major) mode.
+  using SmemLayoutVt = decltype(cute::composition(
+      SmemLayoutKV{},
+      cute::make_layout(
+          cute::Shape<cute::Int<kHeadDim>, cute::Int<kBlockN>, cute::Int<kStages>>{},
+          cute::Stride<cute::Int<kBlockN>, cute::_1, cute::Int<kBlockN * kHeadDim>>{})));
+
+  using PipelineQ = cutlass::PipelineTmaAsync<1>;
+  using PipelineKV = cutlass::PipelineTmaAsync<kStages>;
+
+  struct SharedStorage {
+    cute::array_aligned<Element, cute::cosize_v<SmemLayoutQ>, 1024> q;
+    cute::array_aligned<Element, cute::cosize_v<SmemLayoutKV>, 1024> k;
+    cute::array_aligned<Element, cute::cosize_v<SmemLayoutKV>, 1024> v;
+    typename PipelineQ::SharedStorage pipe_q;
+    typename PipelineKV::SharedStorage pipe_k;
+    typename PipelineKV::SharedStorage pipe_v;
+  };
+  // The dynamic shared memory base is only 16-byte aligned; the kernel rounds it up.
+  static constexpr int kSmemBytes = int(sizeof(SharedStorage)) + 1024;
+
+  static constexpr std::uint32_t kQBytes = kBlockM * kHeadDim * sizeof(Element);
+  static constexpr std::uint32_t kKVBytes = kBlockN * kHeadDim * sizeof(Element);
+};
+
+namespace detail {
+
+// One warp-group matrix product, issued and waited for. zero_init overwrites the accumulator.
+template <bool kZeroInit, class Mma, class TA, class TB, class TC>
+__device__ __forceinline__ void wg_gemm(Mma& mma, TA const& a, TB const& b, TC& c) {
+  using namespace cute;
+  constexpr bool kRegA = !is_base_of<GMMA::DescriptorIterator, typename Mma::FrgTypeA>::value;
+  if constexpr (kRegA) warpgroup_fence_operand(const_cast<TA&>(a));
+  warpgroup_fence_operand(c);
+  warpgroup_arrive();
+  mma.accumulate_ = kZeroInit ? GMMA::ScaleOut::Zero : GMMA::ScaleOut::One;
+  CUTLASS_PRAGMA_UNROLL
+  for (int kb = 0; kb < size<2>(a); ++kb) {
+    gemm(mma, a(_, _, kb), b(_, _, kb), c);
+    mma.accumulate_ = GMMA::ScaleOut::One;
+  }
+  warpgroup_commit_batch();
+  warpgroup_wait<0>();
+  warpgroup_fence_operand(c);
+  if constexpr (kRegA) warpgroup_fence_operand(const_cast<TA&>(a));
+}
+
+__device__ __forceinline__ float exp2_approx(float x) {
+  float y;
+  asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
+  return y;
+}
+
+__device__ __forceinline__ float tanh_approx(float x) {
+  float y;
+  asm("tanh.approx.f32 %0, %1;" : "=f"(y) : "f"(x));
+  return y;
+}
+
+// Item i of the persistent walk: CTAs take items in rounds, alternating direction each round so
+// that the busiest tiles (first in tile_order) spread evenly.
+__device__ __forceinline__ int item_at(int round, int grid, int cta) {
+  return round * grid + ((round & 1) ? grid - 1 - cta : cta);
+}
+
+struct Item {
+  int tile, kv_head, head0;  // head0: first q head packed into the tile
+  std::int64_t e_begin, e_end;
+};
+
+__device__ __forceinline__ Item decode_item(const FwdParams& p, int i) {
+  const int per_tile = p.items / p.num_tiles;
+  Item it;
+  it.tile = p.tile_order[i / per_tile];
+  const int rest = i % per_tile;
+  it.kv_head = rest / p.head_blocks;
+  it.head0 = it.kv_head * p.group + (rest % p.head_blocks) * p.pack;
+  it.e_begin = p.tile_offsets[it.tile];
+  it.e_end = p.tile_offsets[it.tile + 1];
+  return it;
+}
+
+}  // namespace detail
+
+template <class Cfg>
+__global__ void __launch_bounds__(Cfg::kThreads, 1) fwd_kernel(const __grid_constant__ FwdParams p) {
+  using namespace cute;
+  using Element = typename Cfg::Element;
+  using PipelineQ = typename Cfg::PipelineQ;
+  using PipelineKV = typename Cfg::PipelineKV;
+  constexpr int kHeadDim = Cfg::kHeadDim;
+
+  extern __shared__ char smem_raw[];
+  auto& ss = *reinterpret_cast<typename Cfg::SharedStorage*>(
+      (reinterpret_cast<std::uintptr_t>(smem_raw) + 1023) & ~std::uintptr_t(1023));
+
+  const int wg = threadIdx.x / 128;
+  const bool producer = wg == 0;
+  using Role = typename PipelineKV::ThreadCategory;
+  const Role role = producer ? Role::Producer : Role::Consumer;
+  const bool leader = threadIdx.x == 0;
+
+  typename PipelineQ::Params qp;
+  qp.transaction_bytes = Cfg::kQBytes;
+  qp.role = static_cast<typename PipelineQ::ThreadCategory>(role);
+  qp.is_leader = leader;
+  qp.num_consumers = 128 * Cfg::kConsumers;
+  typename PipelineKV::Params kvp;
+  kvp.transaction_bytes = Cfg::kKVBytes;
+  kvp.role = role;
+  kvp.is_leader = leader;
+  kvp.num_consumers = 128 * Cfg::kConsumers;
+  PipelineQ pipe_q(ss.pipe_q, qp, Shape<_1, _1, _1>{});
+  PipelineKV pipe_k(ss.pipe_k, kvp, Shape<_1, _1, _1>{});
+  PipelineKV pipe_v(ss.pipe_v, kvp, Shape<_1, _1, _1>{});
+  __syncthreads();  // barriers initialised before anyone waits on them
+
+  const int rounds = (p.items + gridDim.x - 1) / gridDim.x;
+
+  if (producer) {
+    cutlass::arch::warpgroup_reg_dealloc<40>();
+    if (threadIdx.x != 0) return;
+    prefetch_tma_descriptor(&p.tma_q);
+    prefetch_tma_descriptor(&p.tma_k);
+    prefetch_tma_descriptor(&p.tma_v);
+    constexpr std::uint64_t kHint = static_cast<std::uint64_t>(TMA::CacheHintSm90::EVICT_NORMAL);
+    auto q_state = cutlass::make_producer_start_state<PipelineQ>();
+    auto k_state = cutlass::make_producer_start_state<PipelineKV>();
+    auto v_state = cutlass::make_producer_start_state<PipelineKV>();
+    for (int r = 0; r < rounds; ++r) {
+      const int i = detail::item_at(r, gridDim.x, blockIdx.x);
+      if (i >= p.items) continue;
+      const detail::Item it = detail::decode_item(p, i);
+      if (it.e_begin == it.e_end) continue;
+      pipe_q.producer_acquire(q_state);
+      for (int c = 0; c < Cfg::kPanels; ++c)
+        SM90_TMA_LOAD_3D::copy(&p.tma_q, pipe_q.producer_get_barrier(q_state), kHint,
+                               ss.q.data() + c * kBlockM * 64, c * 64, it.tile << p.rows_log2,
+                               it.head0);
+      ++q_state;
+      for (std::int64_t e = it.e_begin; e < it.e_end; ++e) {
+        const WorkEntry entry = p.entries[e];
+        for (std::int64_t c0 = entry.begin; c0 < entry.end; c0 += kBlockN) {
+          pipe_k.producer_acquire(k_state);
+          Element* k_dst = ss.k.data() + k_state.index() * kBlockN * kHeadDim;
+          for (int c = 0; c < Cfg::kPanels; ++c)
+            SM90_TMA_LOAD_3D::copy(&p.tma_k, pipe_k.producer_get_barrier(k_state), kHint,
+                                   k_dst + c * kBlockN * 64, c * 64, int(c0), it.kv_head);
+          ++k_state;
+          pipe_v.producer_acquire(v_state);
+          Element* v_dst = ss.v.data() + v_state.index() * kBlockN * kHeadDim;
+          for (int c = 0; c < Cfg::kPanels; ++c)
+            SM90_TMA_LOAD_3D::copy(&p.tma_v, pipe_v.producer_get_barrier(v_state), kHint,
+                                   v_dst + c * kBlockN * 64, c * 64, int(c0), it.kv_head);
+          ++v_state;
+        }
+      }
+    }
+    return;
+  }
+
+  // ---- consumers ----
+  cutlass::arch::warpgroup_reg_alloc<232>();
+  const int ctid = threadIdx.x - 128;  // 0..255 over both consumer warp groups
+  typename Cfg::MmaQK mma_qk;
+  typename Cfg::MmaPV mma_pv;
+  auto thr_qk = mma_qk.get_thread_slice(ctid);
+  auto thr_pv = mma_pv.get_thread_slice(ctid);
+  Tensor sQ = make_tensor(make_smem_ptr(ss.q.data()), typename Cfg::SmemLayoutQ{});
+  Tensor sK = make_tensor(make_smem_ptr(ss.k.data()), typename Cfg::SmemLayoutKV{});
+  Tensor sVt = make_tensor(make_smem_ptr(ss.v.data()), typename Cfg::SmemLayoutVt{});
+  Tensor tSrQ = thr_qk.partition_fragment_A(sQ);
+  Tensor tSrK = thr_qk.partition_fragment_B(sK);
+  Tensor tOrV = thr_pv.partition_fragment_B(sVt);
+  Tensor tSrS = partition_fragment_C(mma_qk, select<0, 1>(typename Cfg::TileQK{}));
+  Tensor tOrO = partition_fragment_C(mma_pv, select<0, 1>(typename Cfg::TilePV{}));
+  // P in the A-operand register layout of P V: ((2,2,2), 1, kBlockN/16). Element i of the
+  // accumulator S, i = c + 2*half + 4*j (column pair c, row half, column group j), is element i
+  // of this layout, so the conversion is a plain element-wise copy.
+  Tensor tOrP = make_tensor<Element>(
+      Layout<Shape<Shape<_2, _2, _2>, _1, Int<kBlockN / 16>>>{});
+  static_assert(size(tSrS) == kBlockN / 2 && size(tOrO) == kHeadDim / 2);
+
+  // This thread's two rows of the tile (the accumulator layout of a 64xN wgmma) and column base.
+  const int lane = threadIdx.x % 32;
+  const int row_in_tile = (wg - 1) * 64 + ((threadIdx.x / 32) % 4) * 16 + lane / 4;
+  const int col_base = 2 * (lane % 4);
+  const int rows_mask = (1 << p.rows_log2) - 1;
+  constexpr float kNegInf = -INFINITY;
+
+  typename PipelineQ::PipelineState q_state;
+  typename PipelineKV::PipelineState k_state;
+  typename PipelineKV::PipelineState v_state;
+
+  for (int r = 0; r < rounds; ++r) {
+    const int i = detail::item_at(r, gridDim.x, blockIdx.x);
+    if (i >= p.items) continue;
+    const detail::Item it = detail::decode_item(p, i);
+    std::int64_t token[2];
+    int head[2];
+    for (int h = 0; h < 2; ++h) {
+      const int m = row_in_tile + 8 * h;
+      token[h] = (std::int64_t(it.tile) << p.rows_log2) + (m & rows_mask);
+      head[h] = it.head0 + (m >> p.rows_log2);
+    }
+    float row_max[2] = {kNegInf, kNegInf};  // in log2 units (scaled)
+    float row_sum[2] = {0.f, 0.f};          // this thread's share; summed over the quad at the end
+    clear(tOrO);
+
+    if (it.e_begin != it.e_end) {
+      pipe_q.consumer_wait(q_state);
+      for (std::int64_t e = it.e_begin; e < it.e_end; ++e) {
+        const WorkEntry entry = p.entries[e];
+        const Band band = p.bands[entry.band];
+        for (std::int64_t c0 = entry.begin; c0 < entry.end; c0 += kBlockN) {
+          pipe_k.consumer_wait(k_state);
+          detail::wg_gemm<true>(mma_qk, tSrQ, tSrK(_, _, _, k_state.index()), tSrS);
+          pipe_k.consumer_release(k_state);
+          ++k_state;
+
+          if (p.softcap > 0.f) {
+            CUTLASS_PRAGMA_UNROLL
+            for (int x = 0; x < size(tSrS); ++x)
+              tSrS(x) = p.softcap * detail::tanh_approx(tSrS(x) * p.softcap_scale);
+          } else if (p.negate) {
+            CUTLASS_PRAGMA_UNROLL
+            for (int x = 0; x < size(tSrS); ++x) tSrS(x) = -tSrS(x);
+          }
+
+          // Columns [lo, hi) of this block are attended by each row; masking only on edge blocks.
+          const bool partial = c0 + kBlockN > entry.end;
+          if (entry.mask != EntryMask::kNone || partial) {
+            CUTLASS_PRAGMA_UNROLL
+            for (int h = 0; h < 2; ++h) {
+              const std::int64_t t = token[h];
+              std::int64_t lo = 0, hi = entry.end - c0;
+              if (entry.mask != EntryMask::kNone) {
+                if (t < band.row_begin || t >= band.row_end) {
+                  hi = 0;
+                } else if (entry.mask == EntryMask::kElements) {
+                  lo = band.begin(t) - c0;
+                  const std::int64_t band_end = band.end(t);
+                  hi = (band_end < entry.end ? band_end : entry.end) - c0;
+                }
+              }
+              const int lo32 = int(lo < 0 ? 0 : (lo > kBlockN ? kBlockN : lo));
+              const int hi32 = int(hi < 0 ? 0 : (hi > kBlockN ? kBlockN : hi));
+              CUTLASS_PRAGMA_UNROLL
+              for (int j = 0; j < kBlockN / 8; ++j)
+                CUTLASS_PRAGMA_UNROLL
+                for (int c = 0; c < 2; ++c) {
+                  const int n = col_base + 8 * j + c;
+                  if (n < lo32 || n >= hi32) tSrS(c + 2 * h + 4 * j) = kNegInf;
+                }
+            }
+          }
+
+          // Online softmax: new row maxima, rescale what was accumulated, exponentiate.
+          CUTLASS_PRAGMA_UNROLL
+          for (int h = 0; h < 2; ++h) {
+            float mx = kNegInf;
+            CUTLASS_PRAGMA_UNROLL
+            for (int j = 0; j < kBlockN / 8; ++j)
+              mx = fmaxf(mx, fmaxf(tSrS(2 * h + 4 * j), tSrS(1 + 2 * h + 4 * j)));
+            mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
+            mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
+            const float m_new = fmaxf(row_max[h], mx * p.scale_log2);
+            const float m_use = m_new == kNegInf ? 0.f : m_new;
+            const float correction = detail::exp2_approx(row_max[h] - m_use);
+            row_max[h] = m_new;
+            float sum = 0.f;
+            CUTLASS_PRAGMA_UNROLL
+            for (int j = 0; j < kBlockN / 8; ++j)
+              CUTLASS_PRAGMA_UNROLL
+              for (int c = 0; c < 2; ++c) {
+                float& s = tSrS(c + 2 * h + 4 * j);
+                s = detail::exp2_approx(fmaf(s, p.scale_log2, -m_use));
+                sum += s;
+              }
+            row_sum[h] = row_sum[h] * correction + sum;
+            CUTLASS_PRAGMA_UNROLL
+            for (int j = 0; j < kHeadDim / 8; ++j) {
+              tOrO(2 * h + 4 * j) *= correction;
+              tOrO(1 + 2 * h + 4 * j) *= correction;
+            }
+          }
+          {
+            cutlass::NumericArrayConverter<Element, float, decltype(size(tSrS))::value> convert;
+            using From = cutlass::Array<float, decltype(size(tSrS))::value>;
+            using To = cutlass::Array<Element, decltype(size(tSrS))::value>;
+            *reinterpret_cast<To*>(tOrP.data()) =
+                convert(*reinterpret_cast<const From*>(tSrS.data()));
+          }
+
+          pipe_v.consumer_wait(v_state);
+          detail::wg_gemm<false>(mma_pv, tOrP, tOrV(_, _, _, v_state.index()), tOrO);
+          pipe_v.consumer_release(v_state);
+          ++v_state;
+        }
+      }
+      pipe_q.consumer_release(q_state);
+      ++q_state;
+    }
+
+    // Epilogue: normalise, fold in the sink, write out and lse straight from registers.
+    CUTLASS_PRAGMA_UNROLL
+    for (int h = 0; h < 2; ++h) {
+      float l = row_sum[h];
+      l += __shfl_xor_sync(0xffffffffu, l, 1);
+      l += __shfl_xor_sync(0xffffffffu, l, 2);
+      float mul = 0.f;
+      float lse = kNegInf;
+      if (l > 0.f) {
+        float lse2 = row_max[h] + __log2f(l);
+        mul = 1.f / l;
+        if (p.sink != nullptr) {
+          const float sink2 = p.sink[head[h]] * 1.4426950408889634f;
+          const float top = fmaxf(lse2, sink2);
+          const float total = top + __log2f(1.f + exp2f(-fabsf(lse2 - sink2)));
+          mul *= exp2f(lse2 - total);
+          lse2 = total;
+        }
+        lse = lse2 * 0.6931471805599453f;
+      }
+      if (token[h] < p.seqlen_q) {
+        Element* dst = static_cast<Element*>(p.out) + token[h] * p.out_stride_t +
+                       std::int64_t(head[h]) * p.out_stride_h + col_base;
+        CUTLASS_PRAGMA_UNROLL
+        for (int j = 0; j < kHeadDim / 8; ++j) {
+          cutlass::Array<Element, 2> pair;
+          pair[0] = Element(tOrO(2 * h + 4 * j) * mul);
+          pair[1] = Element(tOrO(1 + 2 * h + 4 * j) * mul);
+          *reinterpret_cast<cutlass::Array<Element, 2>*>(dst + 8 * j) = pair;
+        }
+        if (lane % 4 == 0) p.lse[token[h] * p.lse_stride_t + head[h] * p.lse_stride_h] = lse;
+      }
+    }
+  }
+}
+
+}  // namespace flexcp::sm90

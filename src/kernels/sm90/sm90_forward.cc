@@ -1,0 +1,310 @@
+#include "kernels/sm90/sm90_forward.h"
+
+#include <cuda.h>
+#include <cuda_runtime.h>
+#include <cudaTypedefs.h>
+
+#include <cmath>
+#include <cstring>
+#include <list>
+#include <memory>
+#include <mutex>
+#include <string>
+
+#include "flexcp/status.h"
+#include "kernels/sm90/fwd_params.h"
+#include "kernels/worklist/worklist.h"
+
+namespace flexcp::sm90 {
+
+// One declaration per generated instance file (src/CMakeLists.txt writes the list).
+#define FLEXCP_SM90_INSTANCE(dt, dtype_enum, hd) \
+  void launch_forward_##dt##_hd##hd(const FwdParams&, int, cudaStream_t);
+#include "kernels/sm90/fwd_instances.inc"
+#undef FLEXCP_SM90_INSTANCE
+
+namespace {
+
+using Launcher = void (*)(const FwdParams&, int, cudaStream_t);
+
+Launcher find_launcher(DType dtype, std::int64_t head_dim) {
+#define FLEXCP_SM90_INSTANCE(dt, dtype_enum, hd) \
+  if (dtype == DType::dtype_enum && head_dim == hd) return &launch_forward_##dt##_hd##hd;
+#include "kernels/sm90/fwd_instances.inc"
+#undef FLEXCP_SM90_INSTANCE
+  return nullptr;
+}
+
+std::string compiled_list() {
+  std::string s;
+#define FLEXCP_SM90_INSTANCE(dt, dtype_enum, hd) s += std::string(s.empty() ? "" : ", ") + #dt "/" #hd;
+#include "kernels/sm90/fwd_instances.inc"
+#undef FLEXCP_SM90_INSTANCE
+  return s.empty() ? "none" : s;
+}
+
+void check_cuda(cudaError_t err, const char* what) {
+  if (err != cudaSuccess)
+    throw Error(Status::kCudaError, std::string("flexcp::forward: ") + what + ": " +
+                                        cudaGetErrorString(err));
+}
+
+// The largest power of two dividing the group, so that one CTA's 128 rows hold whole heads.
+int pack_for(std::int64_t group) {
+  int pack = 1;
+  while (group % (2 * pack) == 0 && 2 * pack <= kBlockM) pack *= 2;
+  return pack;
+}
+
+template <class T>
+struct DeviceArray {
+  T* ptr = nullptr;
+  DeviceArray() = default;
+  explicit DeviceArray(const std::vector<T>& host) {
+    if (host.empty()) return;
+    check_cuda(cudaMalloc(&ptr, host.size() * sizeof(T)), "cudaMalloc (work list)");
+    check_cuda(cudaMemcpy(ptr, host.data(), host.size() * sizeof(T), cudaMemcpyHostToDevice),
+               "copy work list to the device");
+  }
+  DeviceArray(const DeviceArray&) = delete;
+  DeviceArray& operator=(const DeviceArray&) = delete;
+  ~DeviceArray() {
+    if (ptr) cudaFree(ptr);
+  }
+};
+
+// A work list in device memory, with what identifies the mask it came from.
+struct DeviceWork {
+  int device = 0;
+  int pack = 1;
+  std::int64_t rows = 0, cols = 0;
+  std::vector<Band> key;
+  int num_tiles = 0;
+  DeviceArray<std::int64_t> tile_offsets;
+  DeviceArray<WorkEntry> entries;
+  DeviceArray<Band> bands;
+  DeviceArray<std::int32_t> tile_order;
+
+  DeviceWork(int device_, int pack_, std::int64_t rows_, std::int64_t cols_,
+             const std::vector<Band>& work, const WorkList& list)
+      : device(device_),
+        pack(pack_),
+        rows(rows_),
+        cols(cols_),
+        key(work),
+        num_tiles(static_cast<int>(list.num_tiles())),
+        tile_offsets(list.tile_offsets),
+        entries(list.entries),
+        bands(list.bands),
+        tile_order(list.tile_order) {}
+
+  bool matches(int device_, int pack_, std::int64_t rows_, std::int64_t cols_,
+               const std::vector<Band>& work) const {
+    return device == device_ && pack == pack_ && rows == rows_ && cols == cols_ &&
+           key.size() == work.size() &&
+           (work.empty() || std::memcmp(key.data(), work.data(), work.size() * sizeof(Band)) == 0);
+  }
+};
+
+// The few most recent masks. A model calls forward with one mask for every layer of a step.
+class WorkCache {
+ public:
+  std::shared_ptr<const DeviceWork> get(int device, int pack, std::int64_t rows, std::int64_t cols,
+                                        const std::vector<Band>& work) {
+    std::lock_guard<std::mutex> lock(mutex_);
+    for (auto it = entries_.begin(); it != entries_.end(); ++it)
+      if ((*it)->matches(device, pack, rows, cols, work)) {
+        entries_.splice(entries_.begin(), entries_, it);
+        return entries_.front();
+      }
+    WorkListOptions options;
+    options.tile_rows = kBlockM / pack;
+    options.block_cols = kBlockN;
+    const WorkList list = build_work_list(work, rows, cols, options);
+    if (list.num_tiles() > INT32_MAX / 2)
+      throw Error(Status::kInvalidArgument,
+                  "flexcp::forward: " + std::to_string(list.num_tiles()) +
+                      " q tiles, expected fewer than 2^30 (seqlen_q too large)");
+    entries_.push_front(std::make_shared<const DeviceWork>(device, pack, rows, cols, work, list));
+    if (entries_.size() > kCapacity) entries_.pop_back();
+    return entries_.front();
+  }
+
+ private:
+  static constexpr std::size_t kCapacity = 8;
+  std::mutex mutex_;
+  std::list<std::shared_ptr<const DeviceWork>> entries_;
+};
+
+WorkCache& work_cache() {
+  static WorkCache cache;
+  return cache;
+}
+
+PFN_cuTensorMapEncodeTiled_v12000 tensor_map_encoder() {
+  static PFN_cuTensorMapEncodeTiled_v12000 fn = [] {
+    void* ptr = nullptr;
+    cudaDriverEntryPointQueryResult found{};
+    check_cuda(cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &ptr, 12000,
+                                                cudaEnableDefault, &found),
+               "looking up cuTensorMapEncodeTiled in the driver");
+    if (found != cudaDriverEntryPointSuccess || ptr == nullptr)
+      throw Error(Status::kCudaError,
+                  "flexcp::forward: the CUDA driver has no cuTensorMapEncodeTiled (needs CUDA 12+)");
+    return reinterpret_cast<PFN_cuTensorMapEncodeTiled_v12000>(ptr);
+  }();
+  return fn;
+}
+
+// t viewed as {D, T, H} (innermost first), read in boxes of {64, box_rows, box_heads}.
+CUtensorMap make_tensor_map(const char* name, const TensorView& t, std::uint32_t box_rows,
+                            std::uint32_t box_heads) {
+  const std::size_t esize = dtype_size(t.dtype);
+  const cuuint64_t dims[3] = {static_cast<cuuint64_t>(t.shape[2]),
+                              static_cast<cuuint64_t>(t.shape[0]),
+                              static_cast<cuuint64_t>(t.shape[1])};
+  const cuuint64_t strides[2] = {static_cast<cuuint64_t>(t.strides[0]) * esize,
+                                 static_cast<cuuint64_t>(t.strides[1]) * esize};
+  const cuuint32_t box[3] = {64, box_rows, box_heads};
+  const cuuint32_t element_strides[3] = {1, 1, 1};
+  CUtensorMap map;
+  const CUresult res = tensor_map_encoder()(
+      &map, t.dtype == DType::kBFloat16 ? CU_TENSOR_MAP_DATA_TYPE_BFLOAT16
+                                        : CU_TENSOR_MAP_DATA_TYPE_FLOAT16,
+      3, t.data, dims, strides, box, element_strides, CU_TENSOR_MAP_INTERLEAVE_NONE,
+      CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
+      CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
+  if (res != CUDA_SUCCESS)
+    throw Error(Status::kCudaError, std::string("flexcp::forward: describing ") + name +
+                                        " (shape " + t.shape_string() +
+                                        ") for the tensor memory accelerator failed, CUresult " +
+                                        std::to_string(static_cast<int>(res)));
+  return map;
+}
+
+// What TMA and the 4-byte output stores need: a unit stride along D, 16-byte aligned rows.
+void check_layout(const char* name, const TensorView& t) {
+  const std::size_t esize = dtype_size(t.dtype);
+  const bool aligned = reinterpret_cast<std::uintptr_t>(t.data) % 16 == 0 &&
+                       (t.strides[0] * esize) % 16 == 0 && (t.strides[1] * esize) % 16 == 0;
+  if (t.strides[2] != 1 || !aligned)
+    throw Error(Status::kInvalidArgument,
+                std::string("flexcp::forward: ") + name + " has strides [" +
+                    std::to_string(t.strides[0]) + ", " + std::to_string(t.strides[1]) + ", " +
+                    std::to_string(t.strides[2]) +
+                    "]; the CUDA kernel expects a unit stride along D, a 16-byte aligned data "
+                    "pointer and token/head strides that are multiples of 16 bytes");
+}
+
+class DeviceGuard {
+ public:
+  explicit DeviceGuard(int device) {
+    check_cuda(cudaGetDevice(&previous_), "cudaGetDevice");
+    if (previous_ != device) check_cuda(cudaSetDevice(device), "cudaSetDevice");
+  }
+  ~DeviceGuard() { cudaSetDevice(previous_); }
+
+ private:
+  int previous_ = 0;
+};
+
+}  // namespace
+
+bool compiled(DType dtype, std::int64_t head_dim) {
+  return find_launcher(dtype, head_dim) != nullptr;
+}
+
+void forward(const AttentionShape& s, const TensorView& q, const TensorView& k, const TensorView& v,
+             const std::vector<Band>& work, const TensorView& out, const TensorView& lse,
+             const AttentionOptions& options) {
+  const Launcher launch = find_launcher(s.dtype, s.head_dim);
+  if (launch == nullptr)
+    throw Error(Status::kNotCompiled,
+                std::string("flexcp::forward: no CUDA kernel for dtype ") + dtype_name(s.dtype) +
+                    " and head dim " + std::to_string(s.head_dim) +
+                    " in this build (compiled: " + compiled_list() + ")");
+  if (s.seqlen_q > INT32_MAX || s.seqlen_k > INT32_MAX)
+    throw Error(Status::kInvalidArgument, "flexcp::forward: sequence lengths above 2^31 - 1 are "
+                                          "not supported by the CUDA kernel");
+  for (auto [name, t] : {std::pair{"q", &q}, {"k", &k}, {"v", &v}, {"out", &out}})
+    check_layout(name, *t);
+  if (s.seqlen_q == 0) return;
+
+  DeviceGuard guard(q.device_index);
+  int major = 0, minor = 0, sms = 0;
+  check_cuda(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, q.device_index),
+             "reading the compute capability");
+  check_cuda(cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, q.device_index),
+             "reading the compute capability");
+  check_cuda(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, q.device_index),
+             "reading the multiprocessor count");
+  if (major != 9 || minor != 0)
+    throw Error(Status::kNotCompiled, "flexcp::forward: the CUDA kernel is built for sm_90a "
+                                      "(Hopper); device " + std::to_string(q.device_index) +
+                                          " has compute capability " + std::to_string(major) +
+                                          "." + std::to_string(minor));
+
+  const int pack = pack_for(s.group());
+  const auto dev_work = work_cache().get(q.device_index, pack, s.seqlen_q, s.seqlen_k, work);
+  auto stream = static_cast<cudaStream_t>(options.cuda_stream);
+
+  FwdParams p{};
+  const int rows = kBlockM / pack;
+  p.tma_q = make_tensor_map("q", q, rows, pack);
+  if (s.seqlen_k > 0) {
+    p.tma_k = make_tensor_map("k", k, kBlockN, 1);
+    p.tma_v = make_tensor_map("v", v, kBlockN, 1);
+  }
+  p.out = out.data;
+  p.out_stride_t = out.strides[0];
+  p.out_stride_h = out.strides[1];
+  p.lse = static_cast<float*>(lse.data);
+  p.lse_stride_t = lse.strides[0];
+  p.lse_stride_h = lse.strides[1];
+  p.tile_offsets = dev_work->tile_offsets.ptr;
+  p.entries = dev_work->entries.ptr;
+  p.bands = dev_work->bands.ptr;
+  p.tile_order = dev_work->tile_order.ptr;
+  p.num_tiles = dev_work->num_tiles;
+  p.seqlen_q = static_cast<int>(s.seqlen_q);
+  p.heads_q = static_cast<int>(s.heads_q);
+  p.group = static_cast<int>(s.group());
+  p.pack = pack;
+  p.rows_log2 = 0;
+  while ((1 << p.rows_log2) < rows) ++p.rows_log2;
+  p.head_blocks = p.group / pack;
+  const std::int64_t items = std::int64_t(p.num_tiles) * s.heads_kv * p.head_blocks;
+  if (items > INT32_MAX)
+    throw Error(Status::kInvalidArgument, "flexcp::forward: " + std::to_string(items) +
+                                              " (tile, head) items, expected fewer than 2^31");
+  p.items = static_cast<int>(items);
+  constexpr double kLog2e = 1.4426950408889634;
+  if (options.softcap > 0) {
+    p.softcap = static_cast<float>(options.softcap);
+    p.softcap_scale = static_cast<float>(s.scale / options.softcap);
+    p.scale_log2 = static_cast<float>(kLog2e);
+  } else {
+    p.scale_log2 = static_cast<float>(std::abs(s.scale) * kLog2e);
+    p.negate = s.scale < 0;
+  }
+
+  float* sink = nullptr;
+  if (!options.sink.empty()) {
+    check_cuda(cudaMallocAsync(reinterpret_cast<void**>(&sink), s.heads_q * sizeof(float), stream),
+               "cudaMallocAsync (sink)");
+    check_cuda(cudaMemcpyAsync(sink, options.sink.data, s.heads_q * sizeof(float),
+                               cudaMemcpyHostToDevice, stream),
+               "copy sink to the device");
+    p.sink = sink;
+  }
+  const int grid = static_cast<int>(std::min<std::int64_t>(sms, items));
+  try {
+    if (grid > 0) launch(p, grid, stream);
+  } catch (...) {
+    if (sink) cudaFreeAsync(sink, stream);
+    throw;
+  }
+  if (sink) check_cuda(cudaFreeAsync(sink, stream), "cudaFreeAsync (sink)");
+}
+
+}  // namespace flexcp::sm90

@@ -1,0 +1,73 @@
+#include "device_tensor.h"
+
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <string>
+#include <vector>
+
+#include "flexcp/status.h"
+
+namespace flexcp::tools {
+namespace {
+
+void check(cudaError_t err, const char* what) {
+  if (err != cudaSuccess)
+    throw Error(Status::kCudaError, std::string("flexcp: ") + what + ": " + cudaGetErrorString(err));
+}
+
+}  // namespace
+
+DeviceTensor::DeviceTensor(const HostTensor& host) : view_(host.view()) {
+  int count = 0;
+  const cudaError_t err = cudaGetDeviceCount(&count);
+  if (err != cudaSuccess || count == 0)
+    throw Error(Status::kCudaError,
+                std::string("flexcp: --device cuda: no usable CUDA device (") +
+                    (err != cudaSuccess ? cudaGetErrorString(err) : "no device") + ")");
+  bytes_ = static_cast<std::size_t>(host.numel()) * dtype_size(host.view().dtype);
+  check(cudaMalloc(&data_, std::max<std::size_t>(bytes_, 16)), "cudaMalloc");
+  check(cudaMemcpy(data_, host.view().data, bytes_, cudaMemcpyHostToDevice), "copy to device");
+  view_.data = data_;
+  view_.device = Device::kCuda;
+  view_.device_index = 0;
+}
+
+DeviceTensor::~DeviceTensor() { cudaFree(data_); }
+
+void DeviceTensor::copy_to(HostTensor& host) const {
+  check(cudaDeviceSynchronize(), "running on the device");
+  check(cudaMemcpy(host.view().data, data_, bytes_, cudaMemcpyDeviceToHost), "copy to host");
+}
+
+double median_device_seconds(const std::function<void()>& fn, int warmup, int repeat) {
+  for (int i = 0; i < warmup; ++i) fn();
+  cudaEvent_t start, stop;
+  check(cudaEventCreate(&start), "cudaEventCreate");
+  check(cudaEventCreate(&stop), "cudaEventCreate");
+  // Back-to-back calls per sample, enough for about 20 ms, so that short kernels are timed without
+  // gaps (the host's per-call work overlaps the previous kernel).
+  check(cudaEventRecord(start), "cudaEventRecord");
+  fn();
+  check(cudaEventRecord(stop), "cudaEventRecord");
+  check(cudaEventSynchronize(stop), "running on the device");
+  float first_ms = 0;
+  check(cudaEventElapsedTime(&first_ms, start, stop), "cudaEventElapsedTime");
+  const int calls = std::clamp(static_cast<int>(20.0f / std::max(first_ms, 1e-3f)), 1, 200);
+  std::vector<double> times;
+  for (int i = 0; i < repeat; ++i) {
+    check(cudaEventRecord(start), "cudaEventRecord");
+    for (int j = 0; j < calls; ++j) fn();
+    check(cudaEventRecord(stop), "cudaEventRecord");
+    check(cudaEventSynchronize(stop), "running on the device");
+    float ms = 0;
+    check(cudaEventElapsedTime(&ms, start, stop), "cudaEventElapsedTime");
+    times.push_back(ms * 1e-3 / calls);
+  }
+  cudaEventDestroy(start);
+  cudaEventDestroy(stop);
+  std::sort(times.begin(), times.end());
+  return times[times.size() / 2];
+}
+
+}  // namespace flexcp::tools

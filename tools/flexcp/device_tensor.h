@@ -1,0 +1,30 @@
+// GPU copies of the tool's host tensors, for --device cuda. Only in builds with CUDA; elsewhere
+// the commands answer "not compiled".
+#pragma once
+
+#include <functional>
+
+#include "host_tensor.h"
+
+namespace flexcp::tools {
+
+class DeviceTensor {
+ public:
+  explicit DeviceTensor(const HostTensor& host);  // same dtype, shape and values
+  DeviceTensor(const DeviceTensor&) = delete;
+  DeviceTensor& operator=(const DeviceTensor&) = delete;
+  ~DeviceTensor();
+  const TensorView& view() const { return view_; }
+  void copy_to(HostTensor& host) const;  // waits for the device first
+
+ private:
+  void* data_ = nullptr;
+  std::size_t bytes_ = 0;
+  TensorView view_;
+};
+
+// Median time of one call of `fn` on the device's default stream: events around batches of
+// back-to-back calls.
+double median_device_seconds(const std::function<void()>& fn, int warmup, int repeat);
+
+}  // namespace flexcp::tools
