@@ -20,7 +20,7 @@ for t in "${lengths[@]}"; do
   $cli mask --mask sliding-window --window 1024 --seqlen "$t" "${docs[@]}" --out "$specs/swa1024-$t.json" >/dev/null
   $cli mask --mask sliding-window --window 4096 --seqlen "$t" "${docs[@]}" --out "$specs/swa4096-$t.json" >/dev/null
   $cli mask --mask block-causal --block 2048 --seqlen "$t" "${docs[@]}" --out "$specs/block-causal-$t.json" >/dev/null
-  $cli mask --mask shared-question --question 1024 --seqlen "$t" "${docs[@]}" --out "$specs/shared-question-$t.json" >/dev/null
+  $cli mask --mask shared-question --question $((t / 4 < 1024 ? t / 4 : 1024)) --seqlen "$t" "${docs[@]}" --out "$specs/shared-question-$t.json" >/dev/null
   $cli mask --mask prefix-lm --seqlen "$t" "${docs[@]}" --out "$specs/prefix-lm-$t.json" >/dev/null
 done
 python3 bench/gpu_attention_bench.py --flexcp "$cli" --specs "$specs" --out "$out" \

@@ -2,7 +2,8 @@
 // Warp group 0 is the producer (one thread issues every TMA load); warp groups 1 and 2 each own 64
 // of the tile's 128 rows and run S = Q K^T (wgmma, both operands in shared memory), the masked
 // online softmax in registers, and O += P V (wgmma, P from registers). K and V flow through their
-// own pipelines of kStages buffers, so S of the next block can start before its V arrives.
+// own pipelines of kStages buffers. The two consumer groups take turns on the tensor cores (P V of
+// one block with S of the next), so that one group's softmax runs under the other's products.
 #pragma once
 
 #include <cute/arch/copy_sm90_tma.hpp>
@@ -69,24 +70,16 @@ struct FwdConfig {
 
 namespace detail {
 
-// One warp-group matrix product, issued and waited for. zero_init overwrites the accumulator.
+// Issues one warp-group matrix product (no commit, no wait). zero_init overwrites the accumulator.
 template <bool kZeroInit, class Mma, class TA, class TB, class TC>
-__device__ __forceinline__ void wg_gemm(Mma& mma, TA const& a, TB const& b, TC& c) {
+__device__ __forceinline__ void issue_gemm(Mma& mma, TA const& a, TB const& b, TC& c) {
   using namespace cute;
-  constexpr bool kRegA = !is_base_of<GMMA::DescriptorIterator, typename Mma::FrgTypeA>::value;
-  if constexpr (kRegA) warpgroup_fence_operand(const_cast<TA&>(a));
-  warpgroup_fence_operand(c);
-  warpgroup_arrive();
   mma.accumulate_ = kZeroInit ? GMMA::ScaleOut::Zero : GMMA::ScaleOut::One;
   CUTLASS_PRAGMA_UNROLL
   for (int kb = 0; kb < size<2>(a); ++kb) {
     gemm(mma, a(_, _, kb), b(_, _, kb), c);
     mma.accumulate_ = GMMA::ScaleOut::One;
   }
-  warpgroup_commit_batch();
-  warpgroup_wait<0>();
-  warpgroup_fence_operand(c);
-  if constexpr (kRegA) warpgroup_fence_operand(const_cast<TA&>(a));
 }
 
 __device__ __forceinline__ float exp2_approx(float x) {
@@ -112,12 +105,14 @@ struct Item {
   std::int64_t e_begin, e_end;
 };
 
+// Items run kv head by kv head (busiest tiles first within each), so that the CTAs running at one
+// time stream the K/V of one head and share it through L2.
 __device__ __forceinline__ Item decode_item(const FwdParams& p, int i) {
-  const int per_tile = p.items / p.num_tiles;
+  const int per_head = p.num_tiles * p.head_blocks;
   Item it;
-  it.tile = p.tile_order[i / per_tile];
-  const int rest = i % per_tile;
-  it.kv_head = rest / p.head_blocks;
+  it.kv_head = i / per_head;
+  const int rest = i % per_head;
+  it.tile = p.tile_order[rest / p.head_blocks];
   it.head0 = it.kv_head * p.group + (rest % p.head_blocks) * p.pack;
   it.e_begin = p.tile_offsets[it.tile];
   it.e_end = p.tile_offsets[it.tile + 1];
@@ -232,6 +227,11 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) fwd_kernel(const __grid_cons
   const int rows_mask = (1 << p.rows_log2) - 1;
   constexpr float kNegInf = -INFINITY;
 
+  // Turn-taking on the tensor cores: named barrier c is consumer warp group c's turn; the second
+  // group's first arrival lets the first one start.
+  const int my_turn = wg - 1, other_turn = 2 - wg;
+  if (wg == 2) cutlass::arch::NamedBarrier::arrive(256, 0);
+
   typename PipelineQ::PipelineState q_state;
   typename PipelineKV::PipelineState k_state;
   typename PipelineKV::PipelineState v_state;
@@ -253,97 +253,146 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) fwd_kernel(const __grid_cons
 
     if (it.e_begin != it.e_end) {
       pipe_q.consumer_wait(q_state);
-      for (std::int64_t e = it.e_begin; e < it.e_end; ++e) {
-        const WorkEntry entry = p.entries[e];
-        const Band band = p.bands[entry.band];
-        for (std::int64_t c0 = entry.begin; c0 < entry.end; c0 += kBlockN) {
-          pipe_k.consumer_wait(k_state);
-          detail::wg_gemm<true>(mma_qk, tSrQ, tSrK(_, _, _, k_state.index()), tSrS);
-          pipe_k.consumer_release(k_state);
-          ++k_state;
+      // The block cursor: entry e, its band, and the block's first column c0.
+      std::int64_t e = it.e_begin;
+      WorkEntry entry = p.entries[e];
+      Band band = p.bands[entry.band];
+      std::int64_t c0 = entry.begin;
+      bool pending_pv = false;  // P of the previous block still owes its P V product
+      for (;;) {
+        // One turn on the tensor cores: P V of the previous block and S of this one, issued
+        // together while the other warp group runs its softmax (the two alternate turns).
+        pipe_k.consumer_wait(k_state);
+        if (pending_pv) pipe_v.consumer_wait(v_state);
+        cutlass::arch::NamedBarrier::sync(256, my_turn);
+        warpgroup_fence_operand(tSrS);
+        warpgroup_fence_operand(tOrO);
+        warpgroup_fence_operand(tOrP);
+        warpgroup_arrive();
+        if (pending_pv) detail::issue_gemm<false>(mma_pv, tOrP, tOrV(_, _, _, v_state.index()), tOrO);
+        detail::issue_gemm<true>(mma_qk, tSrQ, tSrK(_, _, _, k_state.index()), tSrS);
+        warpgroup_commit_batch();
+        cutlass::arch::NamedBarrier::arrive(256, other_turn);
+        warpgroup_wait<0>();
+        warpgroup_fence_operand(tSrS);
+        warpgroup_fence_operand(tOrO);
+        warpgroup_fence_operand(tOrP);
+        pipe_k.consumer_release(k_state);
+        ++k_state;
+        if (pending_pv) {
+          pipe_v.consumer_release(v_state);
+          ++v_state;
+        }
 
-          if (p.softcap > 0.f) {
-            CUTLASS_PRAGMA_UNROLL
-            for (int x = 0; x < size(tSrS); ++x)
-              tSrS(x) = p.softcap * detail::tanh_approx(tSrS(x) * p.softcap_scale);
-          } else if (p.negate) {
-            CUTLASS_PRAGMA_UNROLL
-            for (int x = 0; x < size(tSrS); ++x) tSrS(x) = -tSrS(x);
+        // This block's geometry, then the cursor moves on.
+        const WorkEntry blk_entry = entry;
+        const Band blk_band = band;
+        const std::int64_t blk_c0 = c0;
+        c0 += kBlockN;
+        bool last = false;
+        if (c0 >= entry.end) {
+          if (++e < it.e_end) {
+            entry = p.entries[e];
+            band = p.bands[entry.band];
+            c0 = entry.begin;
+          } else {
+            last = true;
           }
+        }
+        if (last) {  // Q is no longer read: the producer may load the next tile's
+          pipe_q.consumer_release(q_state);
+          ++q_state;
+        }
 
-          // Columns [lo, hi) of this block are attended by each row; masking only on edge blocks.
-          const bool partial = c0 + kBlockN > entry.end;
-          if (entry.mask != EntryMask::kNone || partial) {
-            CUTLASS_PRAGMA_UNROLL
-            for (int h = 0; h < 2; ++h) {
-              const std::int64_t t = token[h];
-              std::int64_t lo = 0, hi = entry.end - c0;
-              if (entry.mask != EntryMask::kNone) {
-                if (t < band.row_begin || t >= band.row_end) {
-                  hi = 0;
-                } else if (entry.mask == EntryMask::kElements) {
-                  lo = band.begin(t) - c0;
-                  const std::int64_t band_end = band.end(t);
-                  hi = (band_end < entry.end ? band_end : entry.end) - c0;
-                }
-              }
-              const int lo32 = int(lo < 0 ? 0 : (lo > kBlockN ? kBlockN : lo));
-              const int hi32 = int(hi < 0 ? 0 : (hi > kBlockN ? kBlockN : hi));
-              CUTLASS_PRAGMA_UNROLL
-              for (int j = 0; j < kBlockN / 8; ++j)
-                CUTLASS_PRAGMA_UNROLL
-                for (int c = 0; c < 2; ++c) {
-                  const int n = col_base + 8 * j + c;
-                  if (n < lo32 || n >= hi32) tSrS(c + 2 * h + 4 * j) = kNegInf;
-                }
-            }
-          }
+        if (p.softcap > 0.f) {
+          CUTLASS_PRAGMA_UNROLL
+          for (int x = 0; x < size(tSrS); ++x)
+            tSrS(x) = p.softcap * detail::tanh_approx(tSrS(x) * p.softcap_scale);
+        } else if (p.negate) {
+          CUTLASS_PRAGMA_UNROLL
+          for (int x = 0; x < size(tSrS); ++x) tSrS(x) = -tSrS(x);
+        }
 
-          // Online softmax: new row maxima, rescale what was accumulated, exponentiate.
+        // Columns [lo, hi) of this block are attended by each row; masking only on edge blocks.
+        const bool partial = blk_c0 + kBlockN > blk_entry.end;
+        if (blk_entry.mask != EntryMask::kNone || partial) {
           CUTLASS_PRAGMA_UNROLL
           for (int h = 0; h < 2; ++h) {
-            float mx = kNegInf;
-            CUTLASS_PRAGMA_UNROLL
-            for (int j = 0; j < kBlockN / 8; ++j)
-              mx = fmaxf(mx, fmaxf(tSrS(2 * h + 4 * j), tSrS(1 + 2 * h + 4 * j)));
-            mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
-            mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
-            const float m_new = fmaxf(row_max[h], mx * p.scale_log2);
-            const float m_use = m_new == kNegInf ? 0.f : m_new;
-            const float correction = detail::exp2_approx(row_max[h] - m_use);
-            row_max[h] = m_new;
-            float sum = 0.f;
+            const std::int64_t t = token[h];
+            std::int64_t lo = 0, hi = blk_entry.end - blk_c0;
+            if (blk_entry.mask != EntryMask::kNone) {
+              if (t < blk_band.row_begin || t >= blk_band.row_end) {
+                hi = 0;
+              } else if (blk_entry.mask == EntryMask::kElements) {
+                lo = blk_band.begin(t) - blk_c0;
+                const std::int64_t band_end = blk_band.end(t);
+                hi = (band_end < blk_entry.end ? band_end : blk_entry.end) - blk_c0;
+              }
+            }
+            const int lo32 = int(lo < 0 ? 0 : (lo > kBlockN ? kBlockN : lo));
+            const int hi32 = int(hi < 0 ? 0 : (hi > kBlockN ? kBlockN : hi));
             CUTLASS_PRAGMA_UNROLL
             for (int j = 0; j < kBlockN / 8; ++j)
               CUTLASS_PRAGMA_UNROLL
               for (int c = 0; c < 2; ++c) {
-                float& s = tSrS(c + 2 * h + 4 * j);
-                s = detail::exp2_approx(fmaf(s, p.scale_log2, -m_use));
-                sum += s;
+                const int n = col_base + 8 * j + c;
+                if (n < lo32 || n >= hi32) tSrS(c + 2 * h + 4 * j) = kNegInf;
               }
-            row_sum[h] = row_sum[h] * correction + sum;
-            CUTLASS_PRAGMA_UNROLL
-            for (int j = 0; j < kHeadDim / 8; ++j) {
-              tOrO(2 * h + 4 * j) *= correction;
-              tOrO(1 + 2 * h + 4 * j) *= correction;
-            }
           }
-          {
-            cutlass::NumericArrayConverter<Element, float, decltype(size(tSrS))::value> convert;
-            using From = cutlass::Array<float, decltype(size(tSrS))::value>;
-            using To = cutlass::Array<Element, decltype(size(tSrS))::value>;
-            *reinterpret_cast<To*>(tOrP.data()) =
-                convert(*reinterpret_cast<const From*>(tSrS.data()));
-          }
-
-          pipe_v.consumer_wait(v_state);
-          detail::wg_gemm<false>(mma_pv, tOrP, tOrV(_, _, _, v_state.index()), tOrO);
-          pipe_v.consumer_release(v_state);
-          ++v_state;
         }
+
+        // Online softmax: new row maxima, rescale what was accumulated, exponentiate.
+        CUTLASS_PRAGMA_UNROLL
+        for (int h = 0; h < 2; ++h) {
+          float mx = kNegInf;
+          CUTLASS_PRAGMA_UNROLL
+          for (int j = 0; j < kBlockN / 8; ++j)
+            mx = fmaxf(mx, fmaxf(tSrS(2 * h + 4 * j), tSrS(1 + 2 * h + 4 * j)));
+          mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
+          mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
+          const float m_new = fmaxf(row_max[h], mx * p.scale_log2);
+          const float m_use = m_new == kNegInf ? 0.f : m_new;
+          const float correction = detail::exp2_approx(row_max[h] - m_use);
+          row_max[h] = m_new;
+          float sum = 0.f;
+          CUTLASS_PRAGMA_UNROLL
+          for (int j = 0; j < kBlockN / 8; ++j)
+            CUTLASS_PRAGMA_UNROLL
+            for (int c = 0; c < 2; ++c) {
+              float& s = tSrS(c + 2 * h + 4 * j);
+              s = detail::exp2_approx(fmaf(s, p.scale_log2, -m_use));
+              sum += s;
+            }
+          row_sum[h] = row_sum[h] * correction + sum;
+          CUTLASS_PRAGMA_UNROLL
+          for (int j = 0; j < kHeadDim / 8; ++j) {
+            tOrO(2 * h + 4 * j) *= correction;
+            tOrO(1 + 2 * h + 4 * j) *= correction;
+          }
+        }
+        {
+          cutlass::NumericArrayConverter<Element, float, decltype(size(tSrS))::value> convert;
+          using From = cutlass::Array<float, decltype(size(tSrS))::value>;
+          using To = cutlass::Array<Element, decltype(size(tSrS))::value>;
+          *reinterpret_cast<To*>(tOrP.data()) = convert(*reinterpret_cast<const From*>(tSrS.data()));
+        }
+        pending_pv = true;
+        if (last) break;
       }
-      pipe_q.consumer_release(q_state);
-      ++q_state;
+      // The last block's P V, in a turn of its own.
+      pipe_v.consumer_wait(v_state);
+      cutlass::arch::NamedBarrier::sync(256, my_turn);
+      warpgroup_fence_operand(tOrO);
+      warpgroup_fence_operand(tOrP);
+      warpgroup_arrive();
+      detail::issue_gemm<false>(mma_pv, tOrP, tOrV(_, _, _, v_state.index()), tOrO);
+      warpgroup_commit_batch();
+      cutlass::arch::NamedBarrier::arrive(256, other_turn);
+      warpgroup_wait<0>();
+      warpgroup_fence_operand(tOrO);
+      warpgroup_fence_operand(tOrP);
+      pipe_v.consumer_release(v_state);
+      ++v_state;
     }
 
     // Epilogue: normalise, fold in the sink, write out and lse straight from registers.
