@@ -2,8 +2,9 @@
 // Warp group 0 is the producer (one thread issues every TMA load); warp groups 1 and 2 each own 64
 // of the tile's 128 rows and run S = Q K^T (wgmma, both operands in shared memory), the masked
 // online softmax in registers, and O += P V (wgmma, P from registers). K and V flow through their
-// own pipelines of kStages buffers. The two consumer groups take turns on the tensor cores (P V of
-// one block with S of the next), so that one group's softmax runs under the other's products.
+// own pipelines of kStages buffers. The two consumer groups take turns on the tensor cores (S of a
+// block with P V of the one before), so that one group's softmax runs under the other's products;
+// within a group, the softmax of S also runs while its P V product of the previous block finishes.
 #pragma once
 
 #include <cute/arch/copy_sm90_tma.hpp>
@@ -52,6 +53,10 @@ struct FwdConfig {
 
   using PipelineQ = cutlass::PipelineTmaAsync<1>;
   using PipelineKV = cutlass::PipelineTmaAsync<kStages>;
+  // Item indices, handed from the producer thread (which takes them from the global counter) to
+  // the consumers.
+  static constexpr int kItemStages = 2;
+  using PipelineItem = cutlass::PipelineAsync<kItemStages>;
 
   struct SharedStorage {
     cute::array_aligned<Element, cute::cosize_v<SmemLayoutQ>, 1024> q;
@@ -60,6 +65,8 @@ struct FwdConfig {
     typename PipelineQ::SharedStorage pipe_q;
     typename PipelineKV::SharedStorage pipe_k;
     typename PipelineKV::SharedStorage pipe_v;
+    typename PipelineItem::SharedStorage pipe_item;
+    int item[kItemStages];
   };
   // The dynamic shared memory base is only 16-byte aligned; the kernel rounds it up.
   static constexpr int kSmemBytes = int(sizeof(SharedStorage)) + 1024;
@@ -94,19 +101,14 @@ __device__ __forceinline__ float tanh_approx(float x) {
   return y;
 }
 
-// Item i of the persistent walk: CTAs take items in rounds, alternating direction each round so
-// that the busiest tiles (first in tile_order) spread evenly.
-__device__ __forceinline__ int item_at(int round, int grid, int cta) {
-  return round * grid + ((round & 1) ? grid - 1 - cta : cta);
-}
-
 struct Item {
   int tile, kv_head, head0;  // head0: first q head packed into the tile
-  std::int64_t e_begin, e_end;
+  int e_begin, e_end;        // the tile's entries (the host keeps their count below 2^31)
 };
 
 // Items run kv head by kv head (busiest tiles first within each), so that the CTAs running at one
-// time stream the K/V of one head and share it through L2.
+// time stream the K/V of one head and share it through L2. CTAs take the next item when they are
+// ready for it (a global counter), which keeps them balanced whatever the tiles' sizes.
 __device__ __forceinline__ Item decode_item(const FwdParams& p, int i) {
   const int per_head = p.num_tiles * p.head_blocks;
   Item it;
@@ -114,8 +116,8 @@ __device__ __forceinline__ Item decode_item(const FwdParams& p, int i) {
   const int rest = i % per_head;
   it.tile = p.tile_order[rest / p.head_blocks];
   it.head0 = it.kv_head * p.group + (rest % p.head_blocks) * p.pack;
-  it.e_begin = p.tile_offsets[it.tile];
-  it.e_end = p.tile_offsets[it.tile + 1];
+  it.e_begin = int(p.tile_offsets[it.tile]);
+  it.e_end = int(p.tile_offsets[it.tile + 1]);
   return it;
 }
 
@@ -152,9 +154,13 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) fwd_kernel(const __grid_cons
   PipelineQ pipe_q(ss.pipe_q, qp, Shape<_1, _1, _1>{});
   PipelineKV pipe_k(ss.pipe_k, kvp, Shape<_1, _1, _1>{});
   PipelineKV pipe_v(ss.pipe_v, kvp, Shape<_1, _1, _1>{});
+  using PipelineItem = typename Cfg::PipelineItem;
+  typename PipelineItem::Params ip;
+  ip.role = producer ? PipelineItem::ThreadCategory::Producer : PipelineItem::ThreadCategory::Consumer;
+  ip.producer_arv_count = 1;
+  ip.consumer_arv_count = 128 * Cfg::kConsumers;
+  PipelineItem pipe_item(ss.pipe_item, ip);
   __syncthreads();  // barriers initialised before anyone waits on them
-
-  const int rounds = (p.items + gridDim.x - 1) / gridDim.x;
 
   if (producer) {
     cutlass::arch::warpgroup_reg_dealloc<40>();
@@ -166,9 +172,13 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) fwd_kernel(const __grid_cons
     auto q_state = cutlass::make_producer_start_state<PipelineQ>();
     auto k_state = cutlass::make_producer_start_state<PipelineKV>();
     auto v_state = cutlass::make_producer_start_state<PipelineKV>();
-    for (int r = 0; r < rounds; ++r) {
-      const int i = detail::item_at(r, gridDim.x, blockIdx.x);
-      if (i >= p.items) continue;
+    auto item_state = cutlass::make_producer_start_state<PipelineItem>();
+    for (int i = blockIdx.x;; i = gridDim.x + atomicAdd(p.item_counter, 1)) {
+      pipe_item.producer_acquire(item_state);
+      ss.item[item_state.index()] = i;
+      pipe_item.producer_commit(item_state);
+      ++item_state;
+      if (i >= p.items) break;
       const detail::Item it = detail::decode_item(p, i);
       if (it.e_begin == it.e_end) continue;
       pipe_q.producer_acquire(q_state);
@@ -177,7 +187,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) fwd_kernel(const __grid_cons
                                ss.q.data() + c * kBlockM * 64, c * 64, it.tile << p.rows_log2,
                                it.head0);
       ++q_state;
-      for (std::int64_t e = it.e_begin; e < it.e_end; ++e) {
+      for (int e = it.e_begin; e < it.e_end; ++e) {
         const WorkEntry entry = p.entries[e];
         for (std::int64_t c0 = entry.begin; c0 < entry.end; c0 += kBlockN) {
           pipe_k.producer_acquire(k_state);
@@ -235,16 +245,20 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) fwd_kernel(const __grid_cons
   typename PipelineQ::PipelineState q_state;
   typename PipelineKV::PipelineState k_state;
   typename PipelineKV::PipelineState v_state;
+  typename PipelineItem::PipelineState item_state;
 
-  for (int r = 0; r < rounds; ++r) {
-    const int i = detail::item_at(r, gridDim.x, blockIdx.x);
-    if (i >= p.items) continue;
+  for (;;) {
+    pipe_item.consumer_wait(item_state);
+    const int i = ss.item[item_state.index()];
+    pipe_item.consumer_release(item_state);
+    ++item_state;
+    if (i >= p.items) break;
     const detail::Item it = detail::decode_item(p, i);
-    std::int64_t token[2];
+    int token[2];
     int head[2];
     for (int h = 0; h < 2; ++h) {
       const int m = row_in_tile + 8 * h;
-      token[h] = (std::int64_t(it.tile) << p.rows_log2) + (m & rows_mask);
+      token[h] = (it.tile << p.rows_log2) + (m & rows_mask);
       head[h] = it.head0 + (m >> p.rows_log2);
     }
     float row_max[2] = {kNegInf, kNegInf};  // in log2 units (scaled)
@@ -253,57 +267,31 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) fwd_kernel(const __grid_cons
 
     if (it.e_begin != it.e_end) {
       pipe_q.consumer_wait(q_state);
-      // The block cursor: entry e, its band, and the block's first column c0.
-      std::int64_t e = it.e_begin;
+      // The block cursor: entry e and the first column c0 of the next block to issue. Kept in
+      // 32 bits (the host checks the sizes); the band is read only for blocks that need masking.
+      int e = it.e_begin;
       WorkEntry entry = p.entries[e];
-      Band band = p.bands[entry.band];
-      std::int64_t c0 = entry.begin;
-      bool pending_pv = false;  // P of the previous block still owes its P V product
-      for (;;) {
-        // One turn on the tensor cores: P V of the previous block and S of this one, issued
-        // together while the other warp group runs its softmax (the two alternate turns).
-        pipe_k.consumer_wait(k_state);
-        if (pending_pv) pipe_v.consumer_wait(v_state);
-        cutlass::arch::NamedBarrier::sync(256, my_turn);
-        warpgroup_fence_operand(tSrS);
-        warpgroup_fence_operand(tOrO);
-        warpgroup_fence_operand(tOrP);
-        warpgroup_arrive();
-        if (pending_pv) detail::issue_gemm<false>(mma_pv, tOrP, tOrV(_, _, _, v_state.index()), tOrO);
-        detail::issue_gemm<true>(mma_qk, tSrQ, tSrK(_, _, _, k_state.index()), tSrS);
-        warpgroup_commit_batch();
-        cutlass::arch::NamedBarrier::arrive(256, other_turn);
-        warpgroup_wait<0>();
-        warpgroup_fence_operand(tSrS);
-        warpgroup_fence_operand(tOrO);
-        warpgroup_fence_operand(tOrP);
-        pipe_k.consumer_release(k_state);
-        ++k_state;
-        if (pending_pv) {
-          pipe_v.consumer_release(v_state);
-          ++v_state;
-        }
-
-        // This block's geometry, then the cursor moves on.
-        const WorkEntry blk_entry = entry;
-        const Band blk_band = band;
-        const std::int64_t blk_c0 = c0;
+      int c0 = int(entry.begin), end = int(entry.end);
+      // The block whose S was just computed; moves the cursor on. Returns whether it was the last.
+      int blk_c0 = 0, blk_end = 0, blk_band = 0;
+      EntryMask blk_mask = EntryMask::kNone;
+      auto take_block = [&]() {
+        blk_c0 = c0;
+        blk_end = end;
+        blk_band = entry.band;
+        blk_mask = entry.mask;
         c0 += kBlockN;
-        bool last = false;
-        if (c0 >= entry.end) {
-          if (++e < it.e_end) {
-            entry = p.entries[e];
-            band = p.bands[entry.band];
-            c0 = entry.begin;
-          } else {
-            last = true;
-          }
-        }
-        if (last) {  // Q is no longer read: the producer may load the next tile's
-          pipe_q.consumer_release(q_state);
-          ++q_state;
-        }
-
+        if (c0 < end) return false;
+        if (++e == it.e_end) return true;
+        entry = p.entries[e];
+        c0 = int(entry.begin);
+        end = int(entry.end);
+        return false;
+      };
+      // Softcap, mask and online softmax of S in place (S becomes P in fp32); returns through
+      // `correction` the factor that rescales what O accumulated before.
+      float correction[2];
+      auto softmax = [&]() {
         if (p.softcap > 0.f) {
           CUTLASS_PRAGMA_UNROLL
           for (int x = 0; x < size(tSrS); ++x)
@@ -312,21 +300,20 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) fwd_kernel(const __grid_cons
           CUTLASS_PRAGMA_UNROLL
           for (int x = 0; x < size(tSrS); ++x) tSrS(x) = -tSrS(x);
         }
-
-        // Columns [lo, hi) of this block are attended by each row; masking only on edge blocks.
-        const bool partial = blk_c0 + kBlockN > blk_entry.end;
-        if (blk_entry.mask != EntryMask::kNone || partial) {
+        // Columns [lo, hi) of the block are attended by each row; masking only on edge blocks.
+        if (blk_mask != EntryMask::kNone || blk_c0 + kBlockN > blk_end) {
+          const Band band = p.bands[blk_band];
           CUTLASS_PRAGMA_UNROLL
           for (int h = 0; h < 2; ++h) {
             const std::int64_t t = token[h];
-            std::int64_t lo = 0, hi = blk_entry.end - blk_c0;
-            if (blk_entry.mask != EntryMask::kNone) {
-              if (t < blk_band.row_begin || t >= blk_band.row_end) {
+            std::int64_t lo = 0, hi = blk_end - blk_c0;
+            if (blk_mask != EntryMask::kNone) {
+              if (t < band.row_begin || t >= band.row_end) {
                 hi = 0;
-              } else if (blk_entry.mask == EntryMask::kElements) {
-                lo = blk_band.begin(t) - blk_c0;
-                const std::int64_t band_end = blk_band.end(t);
-                hi = (band_end < blk_entry.end ? band_end : blk_entry.end) - blk_c0;
+              } else if (blk_mask == EntryMask::kElements) {
+                lo = band.begin(t) - blk_c0;
+                const std::int64_t band_end = band.end(t);
+                hi = (band_end < blk_end ? band_end : blk_end) - blk_c0;
               }
             }
             const int lo32 = int(lo < 0 ? 0 : (lo > kBlockN ? kBlockN : lo));
@@ -340,8 +327,6 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) fwd_kernel(const __grid_cons
               }
           }
         }
-
-        // Online softmax: new row maxima, rescale what was accumulated, exponentiate.
         CUTLASS_PRAGMA_UNROLL
         for (int h = 0; h < 2; ++h) {
           float mx = kNegInf;
@@ -352,33 +337,89 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) fwd_kernel(const __grid_cons
           mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
           const float m_new = fmaxf(row_max[h], mx * p.scale_log2);
           const float m_use = m_new == kNegInf ? 0.f : m_new;
-          const float correction = detail::exp2_approx(row_max[h] - m_use);
+          correction[h] = detail::exp2_approx(row_max[h] - m_use);
           row_max[h] = m_new;
           float sum = 0.f;
           CUTLASS_PRAGMA_UNROLL
           for (int j = 0; j < kBlockN / 8; ++j)
             CUTLASS_PRAGMA_UNROLL
             for (int c = 0; c < 2; ++c) {
-              float& s = tSrS(c + 2 * h + 4 * j);
-              s = detail::exp2_approx(fmaf(s, p.scale_log2, -m_use));
-              sum += s;
+              float& x = tSrS(c + 2 * h + 4 * j);
+              x = detail::exp2_approx(fmaf(x, p.scale_log2, -m_use));
+              sum += x;
             }
-          row_sum[h] = row_sum[h] * correction + sum;
+          row_sum[h] = row_sum[h] * correction[h] + sum;
+        }
+      };
+      auto convert_p = [&]() {
+        cutlass::NumericArrayConverter<Element, float, decltype(size(tSrS))::value> convert;
+        using From = cutlass::Array<float, decltype(size(tSrS))::value>;
+        using To = cutlass::Array<Element, decltype(size(tSrS))::value>;
+        *reinterpret_cast<To*>(tOrP.data()) = convert(*reinterpret_cast<const From*>(tSrS.data()));
+      };
+
+      // First block: S alone (O is still zero).
+      pipe_k.consumer_wait(k_state);
+      cutlass::arch::NamedBarrier::sync(256, my_turn);
+      warpgroup_fence_operand(tSrS);
+      warpgroup_arrive();
+      detail::issue_gemm<true>(mma_qk, tSrQ, tSrK(_, _, _, k_state.index()), tSrS);
+      warpgroup_commit_batch();
+      cutlass::arch::NamedBarrier::arrive(256, other_turn);
+      warpgroup_wait<0>();
+      warpgroup_fence_operand(tSrS);
+      pipe_k.consumer_release(k_state);
+      ++k_state;
+      bool last = take_block();
+      if (last) {  // Q is no longer read: the producer may load the next tile's
+        pipe_q.consumer_release(q_state);
+        ++q_state;
+      }
+      softmax();
+      convert_p();
+
+      // Each further block: one turn on the tensor cores issues its S and the previous block's
+      // P V (the other group runs its softmax meanwhile); this group's softmax of S then overlaps
+      // its own P V, and O is rescaled once that product has landed.
+      while (!last) {
+        pipe_k.consumer_wait(k_state);
+        pipe_v.consumer_wait(v_state);
+        cutlass::arch::NamedBarrier::sync(256, my_turn);
+        warpgroup_fence_operand(tSrS);
+        warpgroup_arrive();
+        detail::issue_gemm<true>(mma_qk, tSrQ, tSrK(_, _, _, k_state.index()), tSrS);
+        warpgroup_commit_batch();
+        warpgroup_fence_operand(tOrO);
+        warpgroup_fence_operand(tOrP);
+        warpgroup_arrive();
+        detail::issue_gemm<false>(mma_pv, tOrP, tOrV(_, _, _, v_state.index()), tOrO);
+        warpgroup_commit_batch();
+        cutlass::arch::NamedBarrier::arrive(256, other_turn);
+        warpgroup_wait<1>();
+        warpgroup_fence_operand(tSrS);
+        pipe_k.consumer_release(k_state);
+        ++k_state;
+        last = take_block();
+        if (last) {
+          pipe_q.consumer_release(q_state);
+          ++q_state;
+        }
+        softmax();
+        warpgroup_wait<0>();
+        warpgroup_fence_operand(tOrO);
+        warpgroup_fence_operand(tOrP);
+        pipe_v.consumer_release(v_state);
+        ++v_state;
+        CUTLASS_PRAGMA_UNROLL
+        for (int h = 0; h < 2; ++h)
           CUTLASS_PRAGMA_UNROLL
           for (int j = 0; j < kHeadDim / 8; ++j) {
-            tOrO(2 * h + 4 * j) *= correction;
-            tOrO(1 + 2 * h + 4 * j) *= correction;
+            tOrO(2 * h + 4 * j) *= correction[h];
+            tOrO(1 + 2 * h + 4 * j) *= correction[h];
           }
-        }
-        {
-          cutlass::NumericArrayConverter<Element, float, decltype(size(tSrS))::value> convert;
-          using From = cutlass::Array<float, decltype(size(tSrS))::value>;
-          using To = cutlass::Array<Element, decltype(size(tSrS))::value>;
-          *reinterpret_cast<To*>(tOrP.data()) = convert(*reinterpret_cast<const From*>(tSrS.data()));
-        }
-        pending_pv = true;
-        if (last) break;
+        convert_p();
       }
+
       // The last block's P V, in a turn of its own.
       pipe_v.consumer_wait(v_state);
       cutlass::arch::NamedBarrier::sync(256, my_turn);
@@ -416,7 +457,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) fwd_kernel(const __grid_cons
         lse = lse2 * 0.6931471805599453f;
       }
       if (token[h] < p.seqlen_q) {
-        Element* dst = static_cast<Element*>(p.out) + token[h] * p.out_stride_t +
+        Element* dst = static_cast<Element*>(p.out) + std::int64_t(token[h]) * p.out_stride_t +
                        std::int64_t(head[h]) * p.out_stride_h + col_base;
         CUTLASS_PRAGMA_UNROLL
         for (int j = 0; j < kHeadDim / 8; ++j) {
@@ -425,7 +466,8 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) fwd_kernel(const __grid_cons
           pair[1] = Element(tOrO(1 + 2 * h + 4 * j) * mul);
           *reinterpret_cast<cutlass::Array<Element, 2>*>(dst + 8 * j) = pair;
         }
-        if (lane % 4 == 0) p.lse[token[h] * p.lse_stride_t + head[h] * p.lse_stride_h] = lse;
+        if (lane % 4 == 0)
+          p.lse[std::int64_t(token[h]) * p.lse_stride_t + std::int64_t(head[h]) * p.lse_stride_h] = lse;
       }
     }
   }

@@ -121,10 +121,11 @@ class WorkCache {
     options.tile_rows = kBlockM / pack;
     options.block_cols = kBlockN;
     const WorkList list = build_work_list(work, rows, cols, options);
-    if (list.num_tiles() > INT32_MAX / 2)
+    if (list.entries.size() > static_cast<std::size_t>(INT32_MAX))
       throw Error(Status::kInvalidArgument,
-                  "flexcp::forward: " + std::to_string(list.num_tiles()) +
-                      " q tiles, expected fewer than 2^30 (seqlen_q too large)");
+                  "flexcp::forward: the mask's work list has " +
+                      std::to_string(list.entries.size()) +
+                      " entries; the CUDA kernel takes at most 2^31 - 1 (fewer slices per tile)");
     entries_.push_front(std::make_shared<const DeviceWork>(device, pack, rows, cols, work, list));
     if (entries_.size() > kCapacity) entries_.pop_back();
     return entries_.front();
@@ -223,9 +224,13 @@ void forward(const AttentionShape& s, const TensorView& q, const TensorView& k, 
                 std::string("flexcp::forward: no CUDA kernel for dtype ") + dtype_name(s.dtype) +
                     " and head dim " + std::to_string(s.head_dim) +
                     " in this build (compiled: " + compiled_list() + ")");
-  if (s.seqlen_q > INT32_MAX || s.seqlen_k > INT32_MAX)
-    throw Error(Status::kInvalidArgument, "flexcp::forward: sequence lengths above 2^31 - 1 are "
-                                          "not supported by the CUDA kernel");
+  // The kernel keeps token and column indices in 32 bits (a tile may overhang the end by a block).
+  constexpr std::int64_t kMaxTokens = INT32_MAX - 2 * kBlockM;
+  if (s.seqlen_q > kMaxTokens || s.seqlen_k > kMaxTokens)
+    throw Error(Status::kInvalidArgument,
+                "flexcp::forward: seqlen_q " + std::to_string(s.seqlen_q) + " and seqlen_k " +
+                    std::to_string(s.seqlen_k) + ": the CUDA kernel takes at most " +
+                    std::to_string(kMaxTokens) + " tokens");
   for (auto [name, t] : {std::pair{"q", &q}, {"k", &k}, {"v", &v}, {"out", &out}})
     check_layout(name, *t);
   if (s.seqlen_q == 0) return;
@@ -288,23 +293,29 @@ void forward(const AttentionShape& s, const TensorView& q, const TensorView& k, 
     p.negate = s.scale < 0;
   }
 
-  float* sink = nullptr;
-  if (!options.sink.empty()) {
-    check_cuda(cudaMallocAsync(reinterpret_cast<void**>(&sink), s.heads_q * sizeof(float), stream),
-               "cudaMallocAsync (sink)");
-    check_cuda(cudaMemcpyAsync(sink, options.sink.data, s.heads_q * sizeof(float),
-                               cudaMemcpyHostToDevice, stream),
-               "copy sink to the device");
-    p.sink = sink;
-  }
-  const int grid = static_cast<int>(std::min<std::int64_t>(sms, items));
+  // Per-call scratch, stream-ordered (so concurrent calls on other streams never share it): the
+  // item counter of the persistent scheduler, then the sink copied to the device.
+  constexpr std::size_t kSinkOffset = 16;
+  const std::size_t scratch_bytes =
+      kSinkOffset + (options.sink.empty() ? 0 : s.heads_q * sizeof(float));
+  char* scratch = nullptr;
+  check_cuda(cudaMallocAsync(reinterpret_cast<void**>(&scratch), scratch_bytes, stream),
+             "cudaMallocAsync (scheduler scratch)");
   try {
-    if (grid > 0) launch(p, grid, stream);
+    check_cuda(cudaMemsetAsync(scratch, 0, kSinkOffset, stream), "clearing the item counter");
+    p.item_counter = reinterpret_cast<int*>(scratch);
+    if (!options.sink.empty()) {
+      check_cuda(cudaMemcpyAsync(scratch + kSinkOffset, options.sink.data,
+                                 s.heads_q * sizeof(float), cudaMemcpyHostToDevice, stream),
+                 "copy sink to the device");
+      p.sink = reinterpret_cast<const float*>(scratch + kSinkOffset);
+    }
+    launch(p, static_cast<int>(std::min<std::int64_t>(sms, items)), stream);
   } catch (...) {
-    if (sink) cudaFreeAsync(sink, stream);
+    cudaFreeAsync(scratch, stream);
     throw;
   }
-  if (sink) check_cuda(cudaFreeAsync(sink, stream), "cudaFreeAsync (sink)");
+  check_cuda(cudaFreeAsync(scratch, stream), "cudaFreeAsync (scheduler scratch)");
 }
 
 }  // namespace flexcp::sm90
