@@ -62,6 +62,7 @@ struct FwdConfig {
     cute::array_aligned<Element, cute::cosize_v<SmemLayoutQ>, 1024> q;
     cute::array_aligned<Element, cute::cosize_v<SmemLayoutKV>, 1024> k;
     cute::array_aligned<Element, cute::cosize_v<SmemLayoutKV>, 1024> v;
+    cute::array_aligned<Element, cute::cosize_v<SmemLayoutQ>, 1024> o;  // staged for the TMA store
     typename PipelineQ::SharedStorage pipe_q;
     typename PipelineKV::SharedStorage pipe_k;
     typename PipelineKV::SharedStorage pipe_v;
@@ -223,6 +224,9 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) fwd_kernel(const __grid_cons
   Tensor tOrV = thr_pv.partition_fragment_B(sVt);
   Tensor tSrS = partition_fragment_C(mma_qk, select<0, 1>(typename Cfg::TileQK{}));
   Tensor tOrO = partition_fragment_C(mma_pv, select<0, 1>(typename Cfg::TilePV{}));
+  Tensor sO = make_tensor(make_smem_ptr(ss.o.data()), typename Cfg::SmemLayoutQ{});
+  Tensor tOsO = thr_pv.partition_C(sO);  // this thread's elements of O, laid out as tOrO
+  static_assert(size(tOsO) == size(tOrO));
   // P in the A-operand register layout of P V: ((2,2,2), 1, kBlockN/16). Element i of the
   // accumulator S, i = c + 2*half + 4*j (column pair c, row half, column group j), is element i
   // of this layout, so the conversion is a plain element-wise copy.
@@ -410,13 +414,17 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) fwd_kernel(const __grid_cons
         warpgroup_fence_operand(tOrP);
         pipe_v.consumer_release(v_state);
         ++v_state;
-        CUTLASS_PRAGMA_UNROLL
-        for (int h = 0; h < 2; ++h)
+        // Once the row maxima settle, most blocks leave them unchanged: skip the rescale when no
+        // row of the warp moved (a warp-uniform test).
+        if (__any_sync(0xffffffffu, correction[0] != 1.f || correction[1] != 1.f)) {
           CUTLASS_PRAGMA_UNROLL
-          for (int j = 0; j < kHeadDim / 8; ++j) {
-            tOrO(2 * h + 4 * j) *= correction[h];
-            tOrO(1 + 2 * h + 4 * j) *= correction[h];
-          }
+          for (int h = 0; h < 2; ++h)
+            CUTLASS_PRAGMA_UNROLL
+            for (int j = 0; j < kHeadDim / 8; ++j) {
+              tOrO(2 * h + 4 * j) *= correction[h];
+              tOrO(1 + 2 * h + 4 * j) *= correction[h];
+            }
+        }
         convert_p();
       }
 
@@ -436,41 +444,46 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) fwd_kernel(const __grid_cons
       ++v_state;
     }
 
-    // Epilogue: normalise, fold in the sink, write out and lse straight from registers.
+    // Epilogue: normalise and fold in the sink; lse goes straight from registers, out through
+    // shared memory and one TMA store, which runs on while the next item starts.
+    float mul[2];
     CUTLASS_PRAGMA_UNROLL
     for (int h = 0; h < 2; ++h) {
       float l = row_sum[h];
       l += __shfl_xor_sync(0xffffffffu, l, 1);
       l += __shfl_xor_sync(0xffffffffu, l, 2);
-      float mul = 0.f;
+      mul[h] = 0.f;
       float lse = kNegInf;
       if (l > 0.f) {
         float lse2 = row_max[h] + __log2f(l);
-        mul = 1.f / l;
+        mul[h] = 1.f / l;
         if (p.sink != nullptr) {
           const float sink2 = p.sink[head[h]] * 1.4426950408889634f;
           const float top = fmaxf(lse2, sink2);
           const float total = top + __log2f(1.f + exp2f(-fabsf(lse2 - sink2)));
-          mul *= exp2f(lse2 - total);
+          mul[h] *= exp2f(lse2 - total);
           lse2 = total;
         }
         lse = lse2 * 0.6931471805599453f;
       }
-      if (token[h] < p.seqlen_q) {
-        Element* dst = static_cast<Element*>(p.out) + std::int64_t(token[h]) * p.out_stride_t +
-                       std::int64_t(head[h]) * p.out_stride_h + col_base;
-        CUTLASS_PRAGMA_UNROLL
-        for (int j = 0; j < kHeadDim / 8; ++j) {
-          cutlass::Array<Element, 2> pair;
-          pair[0] = Element(tOrO(2 * h + 4 * j) * mul);
-          pair[1] = Element(tOrO(1 + 2 * h + 4 * j) * mul);
-          *reinterpret_cast<cutlass::Array<Element, 2>*>(dst + 8 * j) = pair;
-        }
-        if (lane % 4 == 0)
-          p.lse[std::int64_t(token[h]) * p.lse_stride_t + std::int64_t(head[h]) * p.lse_stride_h] = lse;
-      }
+      if (token[h] < p.seqlen_q && lane % 4 == 0)
+        p.lse[std::int64_t(token[h]) * p.lse_stride_t + std::int64_t(head[h]) * p.lse_stride_h] = lse;
+    }
+    // The previous item's store must have read the staging buffer before it is written again.
+    if (ctid == 0) tma_store_wait<0>();
+    cutlass::arch::NamedBarrier::sync(256, 2);
+    CUTLASS_PRAGMA_UNROLL
+    for (int x = 0; x < size(tOrO); ++x) tOsO(x) = Element(tOrO(x) * mul[(x >> 1) & 1]);
+    cutlass::arch::fence_view_async_shared();  // make the writes visible to the copy engine
+    cutlass::arch::NamedBarrier::sync(256, 2);
+    if (ctid == 0) {
+      for (int c = 0; c < Cfg::kPanels; ++c)
+        SM90_TMA_STORE_3D::copy(&p.tma_o, ss.o.data() + c * kBlockM * 64, c * 64,
+                                it.tile << p.rows_log2, it.head0);
+      tma_store_arrive();
     }
   }
+  if (ctid == 0) tma_store_wait<0>();
 }
 
 }  // namespace flexcp::sm90

@@ -18,13 +18,13 @@ inline constexpr int kBlockN = 128;
 
 struct FwdParams {
   // q as {D, Tq, Hq}, boxes of {64, rows_per_tile, pack}; k and v as {D, Tk, Hk}, boxes of
-  // {64, kBlockN, 1}. 128-byte swizzle, out-of-bounds rows read as zeros.
+  // {64, kBlockN, 1}; out like q. 128-byte swizzle; out-of-bounds rows read as zeros and are
+  // never written.
   CUtensorMap tma_q;
   CUtensorMap tma_k;
   CUtensorMap tma_v;
+  CUtensorMap tma_o;
 
-  void* out = nullptr;  // [Tq, Hq, D], input dtype, unit stride along D
-  std::int64_t out_stride_t = 0, out_stride_h = 0;
   float* lse = nullptr;  // [Tq, Hq]
   std::int64_t lse_stride_t = 0, lse_stride_h = 0;
   const float* sink = nullptr;  // [Hq] on the device, or null

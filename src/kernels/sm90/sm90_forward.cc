@@ -260,9 +260,7 @@ void forward(const AttentionShape& s, const TensorView& q, const TensorView& k, 
     p.tma_k = make_tensor_map("k", k, kBlockN, 1);
     p.tma_v = make_tensor_map("v", v, kBlockN, 1);
   }
-  p.out = out.data;
-  p.out_stride_t = out.strides[0];
-  p.out_stride_h = out.strides[1];
+  p.tma_o = make_tensor_map("out", out, rows, pack);
   p.lse = static_cast<float*>(lse.data);
   p.lse_stride_t = lse.strides[0];
   p.lse_stride_h = lse.strides[1];
