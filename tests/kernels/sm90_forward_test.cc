@@ -164,7 +164,7 @@ TEST(Sm90Forward, LongVarlenGqa) {
              masks::varlen_causal({1500, 2000, 77, 523}), rng);
 }
 
-// Same inputs, same bits: no atomics, fixed order.
+// Same inputs, same bits: no atomics on results, fixed order within each row.
 TEST(Sm90Forward, Deterministic) {
   SKIP_WITHOUT_GPU();
   std::mt19937_64 rng(76);
@@ -178,11 +178,32 @@ TEST(Sm90Forward, Deterministic) {
   forward(dq.view, dk.view, dv.view, mask, dout.view, dlse.view);
   dout.copy_to(out1);
   dlse.copy_to(lse1);
-  forward(dq.view, dk.view, dv.view, mask, dout.view, dlse.view);
+  // Several launches back to back on one stream (the scheduler's counters reset in between).
+  for (int i = 0; i < 5; ++i) forward(dq.view, dk.view, dv.view, mask, dout.view, dlse.view);
   dout.copy_to(out2);
   dlse.copy_to(lse2);
   EXPECT_EQ(out1.bytes, out2.bytes);
   EXPECT_EQ(lse1.bytes, lse2.bytes);
+
+  // The same mask on two streams at once: each stream has its own scheduler state.
+  cudaStream_t streams[2];
+  for (cudaStream_t& st : streams) cuda_ok(cudaStreamCreateWithFlags(&st, cudaStreamNonBlocking));
+  const DeviceCopy dout_b(out1, true), dlse_b(lse1, true);
+  for (int i = 0; i < 3; ++i) {
+    AttentionOptions o;
+    o.cuda_stream = streams[0];
+    forward(dq.view, dk.view, dv.view, mask, dout.view, dlse.view, o);
+    o.cuda_stream = streams[1];
+    forward(dq.view, dk.view, dv.view, mask, dout_b.view, dlse_b.view, o);
+  }
+  Tensor out3 = out1, lse3 = lse1;
+  dout_b.copy_to(out3);
+  dlse_b.copy_to(lse3);
+  dout.copy_to(out2);
+  for (cudaStream_t st : streams) cuda_ok(cudaStreamDestroy(st));
+  EXPECT_EQ(out1.bytes, out2.bytes);
+  EXPECT_EQ(out1.bytes, out3.bytes);
+  EXPECT_EQ(lse1.bytes, lse3.bytes);
 }
 
 // What the GPU path refuses, with the argument named: pruned or absent instantiations, fp32, and

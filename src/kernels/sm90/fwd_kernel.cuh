@@ -179,7 +179,16 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) fwd_kernel(const __grid_cons
       ss.item[item_state.index()] = i;
       pipe_item.producer_commit(item_state);
       ++item_state;
-      if (i >= p.items) break;
+      if (i >= p.items) {
+        // Every CTA has taken its last item once all have counted themselves out here; the last
+        // one resets the counters for the next launch (launches on a stream run in turn).
+        __threadfence();
+        if (atomicAdd(p.item_counter + 1, 1) == int(gridDim.x) - 1) {
+          atomicExch(p.item_counter, 0);
+          atomicExch(p.item_counter + 1, 0);
+        }
+        break;
+      }
       const detail::Item it = detail::decode_item(p, i);
       if (it.e_begin == it.e_end) continue;
       pipe_q.producer_acquire(q_state);

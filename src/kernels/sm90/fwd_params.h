@@ -43,7 +43,8 @@ struct FwdParams {
   int rows_log2 = 7;      // rows_per_tile = kBlockM / pack = 1 << rows_log2
   int head_blocks = 1;    // group / pack
   int items = 0;          // num_tiles * heads_kv * head_blocks
-  int* item_counter = nullptr;  // zero at launch; CTAs take items gridDim.x + counter++
+  // {next item - gridDim.x, CTAs done}: zero at launch, reset to zero by the last CTA.
+  int* item_counter = nullptr;
 
   // Logits: s = q.k; with softcap, s = softcap * tanh(s * softcap_scale) and the softmax runs on
   // s * log2(e); without, on s * scale_log2 (negate flips s first when the scale is negative, so

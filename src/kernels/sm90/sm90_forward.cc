@@ -73,8 +73,11 @@ struct DeviceArray {
   }
 };
 
-// A work list in device memory, with what identifies the mask it came from.
+// A work list in device memory, with what identifies the mask it came from, and the persistent
+// scheduler's counters (zero between launches: the kernel's last CTA resets them). Launches on one
+// stream run one after another, so each stream gets its own entry and counters.
 struct DeviceWork {
+  void* stream = nullptr;
   int device = 0;
   int pack = 1;
   std::int64_t rows = 0, cols = 0;
@@ -84,10 +87,12 @@ struct DeviceWork {
   DeviceArray<WorkEntry> entries;
   DeviceArray<Band> bands;
   DeviceArray<std::int32_t> tile_order;
+  DeviceArray<int> counters;
 
-  DeviceWork(int device_, int pack_, std::int64_t rows_, std::int64_t cols_,
+  DeviceWork(void* stream_, int device_, int pack_, std::int64_t rows_, std::int64_t cols_,
              const std::vector<Band>& work, const WorkList& list)
-      : device(device_),
+      : stream(stream_),
+        device(device_),
         pack(pack_),
         rows(rows_),
         cols(cols_),
@@ -96,11 +101,12 @@ struct DeviceWork {
         tile_offsets(list.tile_offsets),
         entries(list.entries),
         bands(list.bands),
-        tile_order(list.tile_order) {}
+        tile_order(list.tile_order),
+        counters(std::vector<int>{0, 0}) {}
 
-  bool matches(int device_, int pack_, std::int64_t rows_, std::int64_t cols_,
+  bool matches(void* stream_, int device_, int pack_, std::int64_t rows_, std::int64_t cols_,
                const std::vector<Band>& work) const {
-    return device == device_ && pack == pack_ && rows == rows_ && cols == cols_ &&
+    return stream == stream_ && device == device_ && pack == pack_ && rows == rows_ && cols == cols_ &&
            key.size() == work.size() &&
            (work.empty() || std::memcmp(key.data(), work.data(), work.size() * sizeof(Band)) == 0);
   }
@@ -109,11 +115,11 @@ struct DeviceWork {
 // The few most recent masks. A model calls forward with one mask for every layer of a step.
 class WorkCache {
  public:
-  std::shared_ptr<const DeviceWork> get(int device, int pack, std::int64_t rows, std::int64_t cols,
-                                        const std::vector<Band>& work) {
+  std::shared_ptr<const DeviceWork> get(void* stream, int device, int pack, std::int64_t rows,
+                                        std::int64_t cols, const std::vector<Band>& work) {
     std::lock_guard<std::mutex> lock(mutex_);
     for (auto it = entries_.begin(); it != entries_.end(); ++it)
-      if ((*it)->matches(device, pack, rows, cols, work)) {
+      if ((*it)->matches(stream, device, pack, rows, cols, work)) {
         entries_.splice(entries_.begin(), entries_, it);
         return entries_.front();
       }
@@ -126,7 +132,8 @@ class WorkCache {
                   "flexcp::forward: the mask's work list has " +
                       std::to_string(list.entries.size()) +
                       " entries; the CUDA kernel takes at most 2^31 - 1 (fewer slices per tile)");
-    entries_.push_front(std::make_shared<const DeviceWork>(device, pack, rows, cols, work, list));
+    entries_.push_front(
+        std::make_shared<const DeviceWork>(stream, device, pack, rows, cols, work, list));
     if (entries_.size() > kCapacity) entries_.pop_back();
     return entries_.front();
   }
@@ -250,7 +257,8 @@ void forward(const AttentionShape& s, const TensorView& q, const TensorView& k, 
                                           "." + std::to_string(minor));
 
   const int pack = pack_for(s.group());
-  const auto dev_work = work_cache().get(q.device_index, pack, s.seqlen_q, s.seqlen_k, work);
+  const auto dev_work =
+      work_cache().get(options.cuda_stream, q.device_index, pack, s.seqlen_q, s.seqlen_k, work);
   auto stream = static_cast<cudaStream_t>(options.cuda_stream);
 
   FwdParams p{};
@@ -291,29 +299,27 @@ void forward(const AttentionShape& s, const TensorView& q, const TensorView& k, 
     p.negate = s.scale < 0;
   }
 
-  // Per-call scratch, stream-ordered (so concurrent calls on other streams never share it): the
-  // item counter of the persistent scheduler, then the sink copied to the device.
-  constexpr std::size_t kSinkOffset = 16;
-  const std::size_t scratch_bytes =
-      kSinkOffset + (options.sink.empty() ? 0 : s.heads_q * sizeof(float));
-  char* scratch = nullptr;
-  check_cuda(cudaMallocAsync(reinterpret_cast<void**>(&scratch), scratch_bytes, stream),
-             "cudaMallocAsync (scheduler scratch)");
+  p.item_counter = dev_work->counters.ptr;
+  const int grid = static_cast<int>(std::min<std::int64_t>(sms, items));
+  if (options.sink.empty()) {
+    launch(p, grid, stream);
+    return;
+  }
+  // The sink, copied to the device in stream order (a per-call buffer from the stream's pool).
+  float* sink = nullptr;
+  check_cuda(cudaMallocAsync(reinterpret_cast<void**>(&sink), s.heads_q * sizeof(float), stream),
+             "cudaMallocAsync (sink)");
   try {
-    check_cuda(cudaMemsetAsync(scratch, 0, kSinkOffset, stream), "clearing the item counter");
-    p.item_counter = reinterpret_cast<int*>(scratch);
-    if (!options.sink.empty()) {
-      check_cuda(cudaMemcpyAsync(scratch + kSinkOffset, options.sink.data,
-                                 s.heads_q * sizeof(float), cudaMemcpyHostToDevice, stream),
-                 "copy sink to the device");
-      p.sink = reinterpret_cast<const float*>(scratch + kSinkOffset);
-    }
-    launch(p, static_cast<int>(std::min<std::int64_t>(sms, items)), stream);
+    check_cuda(cudaMemcpyAsync(sink, options.sink.data, s.heads_q * sizeof(float),
+                               cudaMemcpyHostToDevice, stream),
+               "copy sink to the device");
+    p.sink = sink;
+    launch(p, grid, stream);
   } catch (...) {
-    cudaFreeAsync(scratch, stream);
+    cudaFreeAsync(sink, stream);
     throw;
   }
-  check_cuda(cudaFreeAsync(scratch, stream), "cudaFreeAsync (scheduler scratch)");
+  check_cuda(cudaFreeAsync(sink, stream), "cudaFreeAsync (sink)");
 }
 
 }  // namespace flexcp::sm90
