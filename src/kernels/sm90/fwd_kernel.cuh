@@ -340,28 +340,41 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) fwd_kernel(const __grid_cons
               }
           }
         }
+        // Row maxima and sums as four independent chains per row: with two consumer warps per
+        // scheduler, dependent chains (not throughput) bound this loop.
+        constexpr int kChains = 4;
+        float mx[2];
         CUTLASS_PRAGMA_UNROLL
         for (int h = 0; h < 2; ++h) {
-          float mx = kNegInf;
+          float part[kChains];
+          CUTLASS_PRAGMA_UNROLL
+          for (int c = 0; c < kChains; ++c) part[c] = kNegInf;
           CUTLASS_PRAGMA_UNROLL
           for (int j = 0; j < kBlockN / 8; ++j)
-            mx = fmaxf(mx, fmaxf(tSrS(2 * h + 4 * j), tSrS(1 + 2 * h + 4 * j)));
-          mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
-          mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
-          const float m_new = fmaxf(row_max[h], mx * p.scale_log2);
+            part[j % kChains] =
+                fmaxf(part[j % kChains], fmaxf(tSrS(2 * h + 4 * j), tSrS(1 + 2 * h + 4 * j)));
+          mx[h] = fmaxf(fmaxf(part[0], part[1]), fmaxf(part[2], part[3]));
+        }
+        CUTLASS_PRAGMA_UNROLL
+        for (int h = 0; h < 2; ++h) mx[h] = fmaxf(mx[h], __shfl_xor_sync(0xffffffffu, mx[h], 1));
+        CUTLASS_PRAGMA_UNROLL
+        for (int h = 0; h < 2; ++h) mx[h] = fmaxf(mx[h], __shfl_xor_sync(0xffffffffu, mx[h], 2));
+        CUTLASS_PRAGMA_UNROLL
+        for (int h = 0; h < 2; ++h) {
+          const float m_new = fmaxf(row_max[h], mx[h] * p.scale_log2);
           const float m_use = m_new == kNegInf ? 0.f : m_new;
           correction[h] = detail::exp2_approx(row_max[h] - m_use);
           row_max[h] = m_new;
-          float sum = 0.f;
+          float part[kChains] = {0.f, 0.f, 0.f, 0.f};
           CUTLASS_PRAGMA_UNROLL
           for (int j = 0; j < kBlockN / 8; ++j)
             CUTLASS_PRAGMA_UNROLL
             for (int c = 0; c < 2; ++c) {
               float& x = tSrS(c + 2 * h + 4 * j);
               x = detail::exp2_approx(fmaf(x, p.scale_log2, -m_use));
-              sum += x;
+              part[j % kChains] += x;
             }
-          row_sum[h] = row_sum[h] * correction[h] + sum;
+          row_sum[h] = row_sum[h] * correction[h] + ((part[0] + part[1]) + (part[2] + part[3]));
         }
       };
       auto convert_p = [&]() {
