@@ -16,7 +16,6 @@ summary="$out/summary.txt"
   date -u
   nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.sm,clocks.max.sm --format=csv
   nvcc --version | tail -1
-  git rev-parse --short HEAD 2>/dev/null || true
 } > "$summary" 2>&1
 t0=$SECONDS
 cmake -S . -B build/gpu -G Ninja -DCMAKE_BUILD_TYPE=Release > "$out/build.log" 2>&1 &&

@@ -19,8 +19,8 @@ std::vector<Band> mask_work(const Mask& mask) {
 }
 
 [[noreturn]] void no_device_kernel(const char* fn, const char* why) {
-  throw Error(Status::kNotCompiled, std::string(fn) + ": " + why +
-                                        "; pass tensors in host memory (device cpu)");
+  throw Error(Status::kNotCompiled,
+              std::string(fn) + ": " + why + "; pass tensors in host memory (device cpu)");
 }
 
 }  // namespace
@@ -49,7 +49,8 @@ void backward(const TensorView& dout, const TensorView& q, const TensorView& k, 
               const TensorView& dsink) {
   const AttentionShape s = check_backward_args("flexcp::backward", dout, q, k, v, out, lse, mask,
                                                dq, dk, dv, options, dsink, false);
-  if (s.device != Device::kCpu) no_device_kernel("flexcp::backward", "the CUDA backward is not written yet");
+  if (s.device != Device::kCpu)
+    no_device_kernel("flexcp::backward", "the CUDA backward is not written yet");
   cpu::backward(s, dout, q, k, v, out, lse, mask_work(mask), dq, dk, dv, options, dsink);
 }
 

@@ -17,13 +17,15 @@ namespace {
 
 using test::Tensor;
 
-#define SKIP_WITHOUT_GPU()                                                               \
-  do {                                                                                   \
-    std::string why;                                                                     \
+#define SKIP_WITHOUT_GPU()                                                                    \
+  do {                                                                                        \
+    std::string why;                                                                          \
     if (cuda::device_count(&why) == 0) GTEST_SKIP() << "no CUDA device here (" << why << ")"; \
   } while (0)
 
-void cuda_ok(cudaError_t err) { ASSERT_EQ(err, cudaSuccess) << cudaGetErrorString(err); }
+void cuda_ok(cudaError_t err) {
+  ASSERT_EQ(err, cudaSuccess) << cudaGetErrorString(err);
+}
 
 // A device copy of a host tensor (or NaN-poisoned storage of its shape).
 struct DeviceCopy {
@@ -110,8 +112,8 @@ TEST(Sm90Forward, StandardMasks) {
   std::mt19937_64 rng(71);
   check_case({"causal", 1024, 1024, 2, 2, 128}, masks::causal(1024, 1024), rng);
   check_case({"full-cross", 113, 1023, 8, 2, 64, DType::kFloat16}, masks::full(113, 1023), rng);
-  check_case({"varlen-causal", 777, 777, 8, 1, 128},
-             masks::varlen_causal({300, 1, 129, 200, 147}), rng);
+  check_case({"varlen-causal", 777, 777, 8, 1, 128}, masks::varlen_causal({300, 1, 129, 200, 147}),
+             rng);
   check_case({"sliding-window", 1000, 1000, 6, 2, 128, DType::kFloat16},
              masks::sliding_window({1000}, 100, masks::WindowKind::kCausal), rng);
   check_case({"block-causal", 900, 900, 4, 4, 64}, masks::block_causal({500, 400}, 128), rng);
@@ -135,8 +137,7 @@ TEST(Sm90Forward, RandomSliceSetsAwkwardSizesAndGqa) {
 TEST(Sm90Forward, SoftcapSinkAndScale) {
   SKIP_WITHOUT_GPU();
   std::mt19937_64 rng(73);
-  check_case({"softcap", 300, 300, 2, 1, 128, DType::kBFloat16, 5.0}, masks::causal(300, 300),
-             rng);
+  check_case({"softcap", 300, 300, 2, 1, 128, DType::kBFloat16, 5.0}, masks::causal(300, 300), rng);
   check_case({"sink", 200, 170, 4, 2, 64, DType::kFloat16, 0.0, true},
              test::random_mask(rng, 200, 170), rng);
   check_case({"negative-scale", 257, 257, 4, 1, 128, DType::kBFloat16, 0.0, false, -0.1},

@@ -138,10 +138,11 @@ void check_against_single_rank(const Problem& p) {
   dsink_dist.poison();
   dist.backward(dol.view, ql.view, kl.view, vl.view, ol.view, ll.view, dql.view, dkl.view, dvl.view,
                 p.sink ? dsink_dist.view : TensorView{});
-  if (p.sink)
+  if (p.sink) {
     for (std::int64_t h = 0; h < p.hq; ++h)
       EXPECT_NEAR(dsink_dist.get(h), dsink.get(h), 1e-4 * (1 + std::abs(dsink.get(h))))
           << "dsink head " << h;
+  }
   Tensor og(p.dtype, {tq, p.hq, p.d}), dqg(p.dtype, {tq, p.hq, p.d}), dkg(p.dtype, {tk, p.hk, p.d}),
       dvg(p.dtype, {tk, p.hk, p.d});
   dist.undispatch_q(ol.view, og.view);

@@ -48,8 +48,9 @@ void forward_on_device(const HostTensor& q, const HostTensor& k, const HostTenso
   dout.copy_to(out);
   dlse.copy_to(lse);
 #else
-  throw Error(Status::kNotCompiled,
-              "flexcp attn: --device cuda: this build has no CUDA kernels (configured without CUDA)");
+  throw Error(
+      Status::kNotCompiled,
+      "flexcp attn: --device cuda: this build has no CUDA kernels (configured without CUDA)");
 #endif
 }
 
@@ -76,8 +77,9 @@ void run_attn(const AttnArgs& a) {
   save(a.lse, lse);
   if (a.dout.empty()) return;
   if (a.device == "cuda")
-    throw Error(Status::kNotCompiled, "flexcp attn: --dout with --device cuda: the CUDA backward "
-                                      "is not written yet");
+    throw Error(Status::kNotCompiled,
+                "flexcp attn: --dout with --device cuda: the CUDA backward "
+                "is not written yet");
   HostTensor dout = load(a.dout, dtype, 3, "dout");
   HostTensor dq(dtype, q.shape()), dk(dtype, k.shape()), dv(dtype, v.shape());
   std::optional<HostTensor> dsink;

@@ -36,15 +36,17 @@ double time_forward_on_device(const HostTensor& q, const HostTensor& k, const Ho
       [&] { forward(dq.view(), dk.view(), dv.view(), mask, dout.view(), dlse.view()); },
       std::max(warmup, 1), repeat);
 #else
-  throw Error(Status::kNotCompiled,
-              "flexcp bench: --device cuda: this build has no CUDA kernels (configured without CUDA)");
+  throw Error(
+      Status::kNotCompiled,
+      "flexcp bench: --device cuda: this build has no CUDA kernels (configured without CUDA)");
 #endif
 }
 
 void run_bench(const BenchArgs& a) {
   if (a.device == "cuda" && a.backward)
-    throw Error(Status::kNotCompiled,
-                "flexcp bench: --backward with --device cuda: the CUDA backward is not written yet");
+    throw Error(
+        Status::kNotCompiled,
+        "flexcp bench: --backward with --device cuda: the CUDA backward is not written yet");
   const DType dtype = parse_dtype(a.shape.dtype);
   const Mask mask = build_mask(a.mask);
   const std::int64_t tq = mask.seqlen_q(), tk = mask.seqlen_k();

@@ -13,7 +13,11 @@ namespace {
 
 struct DrawArgs {
   MaskArgs mask;
-  PlanOptions plan{.world_size = 0};  // world_size > 0: colour by owning rank
+  PlanOptions plan = [] {
+    PlanOptions o;
+    o.world_size = 0;  // world_size > 0: colour by owning rank
+    return o;
+  }();
   std::string out;
   int cells = 512;
 };

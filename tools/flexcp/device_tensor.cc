@@ -13,7 +13,8 @@ namespace {
 
 void check(cudaError_t err, const char* what) {
   if (err != cudaSuccess)
-    throw Error(Status::kCudaError, std::string("flexcp: ") + what + ": " + cudaGetErrorString(err));
+    throw Error(Status::kCudaError,
+                std::string("flexcp: ") + what + ": " + cudaGetErrorString(err));
 }
 
 }  // namespace
@@ -33,7 +34,9 @@ DeviceTensor::DeviceTensor(const HostTensor& host) : view_(host.view()) {
   view_.device_index = 0;
 }
 
-DeviceTensor::~DeviceTensor() { cudaFree(data_); }
+DeviceTensor::~DeviceTensor() {
+  cudaFree(data_);
+}
 
 void DeviceTensor::copy_to(HostTensor& host) const {
   check(cudaDeviceSynchronize(), "running on the device");

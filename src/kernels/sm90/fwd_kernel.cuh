@@ -7,11 +7,11 @@
 // within a group, the softmax of S also runs while its P V product of the previous block finishes.
 #pragma once
 
-#include <cute/arch/copy_sm90_tma.hpp>
-#include <cute/tensor.hpp>
 #include <cutlass/arch/barrier.h>
 #include <cutlass/arch/reg_reconfig.h>
 #include <cutlass/numeric_conversion.h>
+#include <cute/arch/copy_sm90_tma.hpp>
+#include <cute/tensor.hpp>
 #include <cutlass/pipeline/pipeline.hpp>
 
 #include "kernels/sm90/fwd_params.h"
@@ -42,8 +42,7 @@ struct FwdConfig {
   using SmemLayoutQ = decltype(cute::tile_to_shape(
       SwizzleAtom{}, cute::Shape<cute::Int<kBlockM>, cute::Int<kHeadDim>>{}));
   using SmemLayoutKV = decltype(cute::tile_to_shape(
-      SwizzleAtom{},
-      cute::Shape<cute::Int<kBlockN>, cute::Int<kHeadDim>, cute::Int<kStages>>{}));
+      SwizzleAtom{}, cute::Shape<cute::Int<kBlockN>, cute::Int<kHeadDim>, cute::Int<kStages>>{}));
   // V read as the B operand of P V: (D, keys, stage), keys being the reduction (MN-major) mode.
   using SmemLayoutVt = decltype(cute::composition(
       SmemLayoutKV{},
@@ -125,7 +124,8 @@ __device__ __forceinline__ Item decode_item(const FwdParams& p, int i) {
 }  // namespace detail
 
 template <class Cfg>
-__global__ void __launch_bounds__(Cfg::kThreads, 1) fwd_kernel(const __grid_constant__ FwdParams p) {
+__global__ void __launch_bounds__(Cfg::kThreads, 1)
+    fwd_kernel(const __grid_constant__ FwdParams p) {
   using namespace cute;
   using Element = typename Cfg::Element;
   using PipelineQ = typename Cfg::PipelineQ;
@@ -157,7 +157,8 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) fwd_kernel(const __grid_cons
   PipelineKV pipe_v(ss.pipe_v, kvp, Shape<_1, _1, _1>{});
   using PipelineItem = typename Cfg::PipelineItem;
   typename PipelineItem::Params ip;
-  ip.role = producer ? PipelineItem::ThreadCategory::Producer : PipelineItem::ThreadCategory::Consumer;
+  ip.role =
+      producer ? PipelineItem::ThreadCategory::Producer : PipelineItem::ThreadCategory::Consumer;
   ip.producer_arv_count = 1;
   ip.consumer_arv_count = 128 * Cfg::kConsumers;
   PipelineItem pipe_item(ss.pipe_item, ip);
@@ -239,8 +240,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) fwd_kernel(const __grid_cons
   // P in the A-operand register layout of P V: ((2,2,2), 1, kBlockN/16). Element i of the
   // accumulator S, i = c + 2*half + 4*j (column pair c, row half, column group j), is element i
   // of this layout, so the conversion is a plain element-wise copy.
-  Tensor tOrP = make_tensor<Element>(
-      Layout<Shape<Shape<_2, _2, _2>, _1, Int<kBlockN / 16>>>{});
+  Tensor tOrP = make_tensor<Element>(Layout<Shape<Shape<_2, _2, _2>, _1, Int<kBlockN / 16>>>{});
   static_assert(size(tSrS) == kBlockN / 2 && size(tOrO) == kHeadDim / 2);
 
   // This thread's two rows of the tile (the accumulator layout of a 64xN wgmma) and column base.
@@ -332,12 +332,11 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) fwd_kernel(const __grid_cons
             const int lo32 = int(lo < 0 ? 0 : (lo > kBlockN ? kBlockN : lo));
             const int hi32 = int(hi < 0 ? 0 : (hi > kBlockN ? kBlockN : hi));
             CUTLASS_PRAGMA_UNROLL
-            for (int j = 0; j < kBlockN / 8; ++j)
-              CUTLASS_PRAGMA_UNROLL
-              for (int c = 0; c < 2; ++c) {
-                const int n = col_base + 8 * j + c;
-                if (n < lo32 || n >= hi32) tSrS(c + 2 * h + 4 * j) = kNegInf;
-              }
+            for (int j = 0; j < kBlockN / 8; ++j) CUTLASS_PRAGMA_UNROLL
+            for (int c = 0; c < 2; ++c) {
+              const int n = col_base + 8 * j + c;
+              if (n < lo32 || n >= hi32) tSrS(c + 2 * h + 4 * j) = kNegInf;
+            }
           }
         }
         // Row maxima and sums as four independent chains per row: with two consumer warps per
@@ -367,13 +366,12 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) fwd_kernel(const __grid_cons
           row_max[h] = m_new;
           float part[kChains] = {0.f, 0.f, 0.f, 0.f};
           CUTLASS_PRAGMA_UNROLL
-          for (int j = 0; j < kBlockN / 8; ++j)
-            CUTLASS_PRAGMA_UNROLL
-            for (int c = 0; c < 2; ++c) {
-              float& x = tSrS(c + 2 * h + 4 * j);
-              x = detail::exp2_approx(fmaf(x, p.scale_log2, -m_use));
-              part[j % kChains] += x;
-            }
+          for (int j = 0; j < kBlockN / 8; ++j) CUTLASS_PRAGMA_UNROLL
+          for (int c = 0; c < 2; ++c) {
+            float& x = tSrS(c + 2 * h + 4 * j);
+            x = detail::exp2_approx(fmaf(x, p.scale_log2, -m_use));
+            part[j % kChains] += x;
+          }
           row_sum[h] = row_sum[h] * correction[h] + ((part[0] + part[1]) + (part[2] + part[3]));
         }
       };
@@ -440,12 +438,11 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) fwd_kernel(const __grid_cons
         // row of the warp moved (a warp-uniform test).
         if (__any_sync(0xffffffffu, correction[0] != 1.f || correction[1] != 1.f)) {
           CUTLASS_PRAGMA_UNROLL
-          for (int h = 0; h < 2; ++h)
-            CUTLASS_PRAGMA_UNROLL
-            for (int j = 0; j < kHeadDim / 8; ++j) {
-              tOrO(2 * h + 4 * j) *= correction[h];
-              tOrO(1 + 2 * h + 4 * j) *= correction[h];
-            }
+          for (int h = 0; h < 2; ++h) CUTLASS_PRAGMA_UNROLL
+          for (int j = 0; j < kHeadDim / 8; ++j) {
+            tOrO(2 * h + 4 * j) *= correction[h];
+            tOrO(1 + 2 * h + 4 * j) *= correction[h];
+          }
         }
         convert_p();
       }
@@ -489,7 +486,8 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) fwd_kernel(const __grid_cons
         lse = lse2 * 0.6931471805599453f;
       }
       if (token[h] < p.seqlen_q && lane % 4 == 0)
-        p.lse[std::int64_t(token[h]) * p.lse_stride_t + std::int64_t(head[h]) * p.lse_stride_h] = lse;
+        p.lse[std::int64_t(token[h]) * p.lse_stride_t + std::int64_t(head[h]) * p.lse_stride_h] =
+            lse;
     }
     // The previous item's store must have read the staging buffer before it is written again.
     if (ctid == 0) tma_store_wait<0>();

@@ -38,11 +38,11 @@ struct FwdParams {
   int num_tiles = 0;
   int seqlen_q = 0;
   int heads_q = 0;
-  int group = 1;          // q heads per kv head
-  int pack = 1;           // q heads sharing one CTA's rows (a power of two dividing group)
-  int rows_log2 = 7;      // rows_per_tile = kBlockM / pack = 1 << rows_log2
-  int head_blocks = 1;    // group / pack
-  int items = 0;          // num_tiles * heads_kv * head_blocks
+  int group = 1;        // q heads per kv head
+  int pack = 1;         // q heads sharing one CTA's rows (a power of two dividing group)
+  int rows_log2 = 7;    // rows_per_tile = kBlockM / pack = 1 << rows_log2
+  int head_blocks = 1;  // group / pack
+  int items = 0;        // num_tiles * heads_kv * head_blocks
   // {next item - gridDim.x, CTAs done}: zero at launch, reset to zero by the last CTA.
   int* item_counter = nullptr;
 

@@ -1,8 +1,8 @@
 #include "kernels/sm90/sm90_forward.h"
 
 #include <cuda.h>
-#include <cuda_runtime.h>
 #include <cudaTypedefs.h>
+#include <cuda_runtime.h>
 
 #include <cmath>
 #include <cstring>
@@ -37,7 +37,8 @@ Launcher find_launcher(DType dtype, std::int64_t head_dim) {
 
 std::string compiled_list() {
   std::string s;
-#define FLEXCP_SM90_INSTANCE(dt, dtype_enum, hd) s += std::string(s.empty() ? "" : ", ") + #dt "/" #hd;
+#define FLEXCP_SM90_INSTANCE(dt, dtype_enum, hd) \
+  s += std::string(s.empty() ? "" : ", ") + #dt "/" #hd;
 #include "kernels/sm90/fwd_instances.inc"
 #undef FLEXCP_SM90_INSTANCE
   return s.empty() ? "none" : s;
@@ -45,8 +46,8 @@ std::string compiled_list() {
 
 void check_cuda(cudaError_t err, const char* what) {
   if (err != cudaSuccess)
-    throw Error(Status::kCudaError, std::string("flexcp::forward: ") + what + ": " +
-                                        cudaGetErrorString(err));
+    throw Error(Status::kCudaError,
+                std::string("flexcp::forward: ") + what + ": " + cudaGetErrorString(err));
 }
 
 // The largest power of two dividing the group, so that one CTA's 128 rows hold whole heads.
@@ -106,8 +107,8 @@ struct DeviceWork {
 
   bool matches(void* stream_, int device_, int pack_, std::int64_t rows_, std::int64_t cols_,
                const std::vector<Band>& work) const {
-    return stream == stream_ && device == device_ && pack == pack_ && rows == rows_ && cols == cols_ &&
-           key.size() == work.size() &&
+    return stream == stream_ && device == device_ && pack == pack_ && rows == rows_ &&
+           cols == cols_ && key.size() == work.size() &&
            (work.empty() || std::memcmp(key.data(), work.data(), work.size() * sizeof(Band)) == 0);
   }
 };
@@ -157,8 +158,9 @@ PFN_cuTensorMapEncodeTiled_v12000 tensor_map_encoder() {
                                                 cudaEnableDefault, &found),
                "looking up cuTensorMapEncodeTiled in the driver");
     if (found != cudaDriverEntryPointSuccess || ptr == nullptr)
-      throw Error(Status::kCudaError,
-                  "flexcp::forward: the CUDA driver has no cuTensorMapEncodeTiled (needs CUDA 12+)");
+      throw Error(
+          Status::kCudaError,
+          "flexcp::forward: the CUDA driver has no cuTensorMapEncodeTiled (needs CUDA 12+)");
     return reinterpret_cast<PFN_cuTensorMapEncodeTiled_v12000>(ptr);
   }();
   return fn;
@@ -176,12 +178,13 @@ CUtensorMap make_tensor_map(const char* name, const TensorView& t, std::uint32_t
   const cuuint32_t box[3] = {64, box_rows, box_heads};
   const cuuint32_t element_strides[3] = {1, 1, 1};
   CUtensorMap map;
-  const CUresult res = tensor_map_encoder()(
-      &map, t.dtype == DType::kBFloat16 ? CU_TENSOR_MAP_DATA_TYPE_BFLOAT16
-                                        : CU_TENSOR_MAP_DATA_TYPE_FLOAT16,
-      3, t.data, dims, strides, box, element_strides, CU_TENSOR_MAP_INTERLEAVE_NONE,
-      CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
-      CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
+  const CUresult res =
+      tensor_map_encoder()(&map,
+                           t.dtype == DType::kBFloat16 ? CU_TENSOR_MAP_DATA_TYPE_BFLOAT16
+                                                       : CU_TENSOR_MAP_DATA_TYPE_FLOAT16,
+                           3, t.data, dims, strides, box, element_strides,
+                           CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
+                           CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
   if (res != CUDA_SUCCESS)
     throw Error(Status::kCudaError, std::string("flexcp::forward: describing ") + name +
                                         " (shape " + t.shape_string() +
@@ -227,10 +230,10 @@ void forward(const AttentionShape& s, const TensorView& q, const TensorView& k, 
              const AttentionOptions& options) {
   const Launcher launch = find_launcher(s.dtype, s.head_dim);
   if (launch == nullptr)
-    throw Error(Status::kNotCompiled,
-                std::string("flexcp::forward: no CUDA kernel for dtype ") + dtype_name(s.dtype) +
-                    " and head dim " + std::to_string(s.head_dim) +
-                    " in this build (compiled: " + compiled_list() + ")");
+    throw Error(Status::kNotCompiled, std::string("flexcp::forward: no CUDA kernel for dtype ") +
+                                          dtype_name(s.dtype) + " and head dim " +
+                                          std::to_string(s.head_dim) +
+                                          " in this build (compiled: " + compiled_list() + ")");
   // The kernel keeps token and column indices in 32 bits (a tile may overhang the end by a block).
   constexpr std::int64_t kMaxTokens = INT32_MAX - 2 * kBlockM;
   if (s.seqlen_q > kMaxTokens || s.seqlen_k > kMaxTokens)
@@ -251,10 +254,11 @@ void forward(const AttentionShape& s, const TensorView& q, const TensorView& k, 
   check_cuda(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, q.device_index),
              "reading the multiprocessor count");
   if (major != 9 || minor != 0)
-    throw Error(Status::kNotCompiled, "flexcp::forward: the CUDA kernel is built for sm_90a "
-                                      "(Hopper); device " + std::to_string(q.device_index) +
-                                          " has compute capability " + std::to_string(major) +
-                                          "." + std::to_string(minor));
+    throw Error(Status::kNotCompiled,
+                "flexcp::forward: the CUDA kernel is built for sm_90a "
+                "(Hopper); device " +
+                    std::to_string(q.device_index) + " has compute capability " +
+                    std::to_string(major) + "." + std::to_string(minor));
 
   const int pack = pack_for(s.group());
   const auto dev_work =
