@@ -4,6 +4,7 @@
 #include <cudaTypedefs.h>
 #include <cuda_runtime.h>
 
+#include <atomic>
 #include <cmath>
 #include <cstring>
 #include <list>
@@ -76,7 +77,11 @@ struct DeviceArray {
 
 // A work list in device memory, with what identifies the mask it came from, and the persistent
 // scheduler's counters (zero between launches: the kernel's last CTA resets them). Launches on one
-// stream run one after another, so each stream gets its own entry and counters.
+// stream run one after another, so each stream gets its own entry; within it, launches rotate
+// through kCounterSlots pairs: a stream handle reused while the destroyed stream's last launch
+// still runs would share that launch's counters only after kCounterSlots more launches.
+inline constexpr int kCounterSlots = 64;
+
 struct DeviceWork {
   void* stream = nullptr;
   int device = 0;
@@ -88,7 +93,8 @@ struct DeviceWork {
   DeviceArray<WorkEntry> entries;
   DeviceArray<Band> bands;
   DeviceArray<std::int32_t> tile_order;
-  DeviceArray<int> counters;
+  DeviceArray<int> counters;  // kCounterSlots pairs
+  mutable std::atomic<unsigned> next_slot{0};
 
   DeviceWork(void* stream_, int device_, int pack_, std::int64_t rows_, std::int64_t cols_,
              const std::vector<Band>& work, const WorkList& list)
@@ -103,7 +109,7 @@ struct DeviceWork {
         entries(list.entries),
         bands(list.bands),
         tile_order(list.tile_order),
-        counters(std::vector<int>{0, 0}) {}
+        counters(std::vector<int>(2 * kCounterSlots, 0)) {}
 
   bool matches(void* stream_, int device_, int pack_, std::int64_t rows_, std::int64_t cols_,
                const std::vector<Band>& work) const {
@@ -303,7 +309,7 @@ void forward(const AttentionShape& s, const TensorView& q, const TensorView& k, 
     p.negate = s.scale < 0;
   }
 
-  p.item_counter = dev_work->counters.ptr;
+  p.item_counter = dev_work->counters.ptr + 2 * (dev_work->next_slot++ % kCounterSlots);
   const int grid = static_cast<int>(std::min<std::int64_t>(sms, items));
   if (options.sink.empty()) {
     launch(p, grid, stream);
