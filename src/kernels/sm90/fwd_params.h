@@ -37,6 +37,7 @@ struct FwdParams {
 
   int num_tiles = 0;
   int seqlen_q = 0;
+  int seqlen_k = 0;
   int heads_q = 0;
   int group = 1;        // q heads per kv head
   int pack = 1;         // q heads sharing one CTA's rows (a power of two dividing group)
@@ -46,7 +47,8 @@ struct FwdParams {
   // {next item - gridDim.x, CTAs done}: zero at launch, reset to zero by the last CTA.
   int* item_counter = nullptr;
 
-  // Logits: s = q.k; with softcap, s = softcap * tanh(s * softcap_scale) and the softmax runs on
+  // Logits: s = q.k; with softcap, s = softcap * tanh(scale * s / softcap), computed from
+  // 2^(s * softcap_scale) with softcap_scale = 2 log2(e) scale / softcap, and the softmax runs on
   // s * log2(e); without, on s * scale_log2 (negate flips s first when the scale is negative, so
   // that the row maximum stays a maximum).
   float scale_log2 = 0.f;

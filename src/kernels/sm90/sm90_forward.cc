@@ -288,6 +288,7 @@ void forward(const AttentionShape& s, const TensorView& q, const TensorView& k, 
   p.tile_order = dev_work->tile_order.ptr;
   p.num_tiles = dev_work->num_tiles;
   p.seqlen_q = static_cast<int>(s.seqlen_q);
+  p.seqlen_k = static_cast<int>(s.seqlen_k);
   p.heads_q = static_cast<int>(s.heads_q);
   p.group = static_cast<int>(s.group());
   p.pack = pack;
@@ -302,7 +303,7 @@ void forward(const AttentionShape& s, const TensorView& q, const TensorView& k, 
   constexpr double kLog2e = 1.4426950408889634;
   if (options.softcap > 0) {
     p.softcap = static_cast<float>(options.softcap);
-    p.softcap_scale = static_cast<float>(s.scale / options.softcap);
+    p.softcap_scale = static_cast<float>(2 * kLog2e * s.scale / options.softcap);
     p.scale_log2 = static_cast<float>(kLog2e);
   } else {
     p.scale_log2 = static_cast<float>(std::abs(s.scale) * kLog2e);
