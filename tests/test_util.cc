@@ -199,6 +199,16 @@ void naive_backward(const TensorView& dout, const TensorView& q, const TensorVie
   for (std::size_t i = 0; i < gv.size(); ++i) dv.set(i, round_to(out_dtype, gv[i]));
 }
 
+Tensor as_fp64(const Tensor& t) {
+  Tensor out(DType::kFloat64, {});
+  out.bytes.resize(t.numel() * sizeof(double));
+  out.view = t.view;
+  out.view.data = out.bytes.data();
+  out.view.dtype = DType::kFloat64;
+  for (std::int64_t i = 0; i < t.numel(); ++i) out.set(i, t.get(i));
+  return out;
+}
+
 double max_abs_diff(const Tensor& a, const Tensor& b) {
   double worst = 0;
   for (std::int64_t i = 0; i < a.numel(); ++i) {

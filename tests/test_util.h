@@ -46,6 +46,9 @@ void naive_backward(const TensorView& dout, const TensorView& q, const TensorVie
                     const TensorView& v, const Mask& mask, const AttentionOptions& options,
                     DType out_dtype, Tensor& dq, Tensor& dk, Tensor& dv);
 
+// The same values (and shape) as a float64 tensor, for comparing with references.
+Tensor as_fp64(const Tensor& t);
+
 // max |a - b| over elements, with -inf == -inf counted as 0 and NaN as infinity.
 double max_abs_diff(const Tensor& a, const Tensor& b);
 

@@ -47,16 +47,6 @@ Run make_inputs(std::mt19937_64& rng, const Case& c) {
   return r;
 }
 
-Tensor as_fp64(const Tensor& t) {
-  Tensor out(DType::kFloat64, {});
-  out.bytes.resize(t.numel() * sizeof(double));
-  out.view = t.view;
-  out.view.data = out.bytes.data();
-  out.view.dtype = DType::kFloat64;
-  for (std::int64_t i = 0; i < t.numel(); ++i) out.set(i, t.get(i));
-  return out;
-}
-
 void check_case(const Case& c, const Mask& mask, std::mt19937_64& rng) {
   SCOPED_TRACE(c.name + " tq=" + std::to_string(c.tq) + " tk=" + std::to_string(c.tk) +
                " hq=" + std::to_string(c.hq) + " hk=" + std::to_string(c.hk) +
@@ -74,8 +64,8 @@ void check_case(const Case& c, const Mask& mask, std::mt19937_64& rng) {
   lse.poison();
   forward(in.q.view, in.k.view, in.v.view, mask, out.view, lse.view, o);
   const double tol_out = 2 * test::max_abs_diff(naive_out, ref_out) + atol_for(c.dtype);
-  EXPECT_LE(test::max_abs_diff(as_fp64(out), ref_out), tol_out);
-  EXPECT_LE(test::max_abs_diff(as_fp64(lse), ref_lse),
+  EXPECT_LE(test::max_abs_diff(test::as_fp64(out), ref_out), tol_out);
+  EXPECT_LE(test::max_abs_diff(test::as_fp64(lse), ref_lse),
             2 * test::max_abs_diff(naive_lse, ref_lse) + 1e-5);
   for (std::int64_t i = 0; i < ref_lse.numel(); ++i)
     if (std::isinf(ref_lse.get(i))) {  // a row that attends nothing: lse -inf and out exactly 0
@@ -103,11 +93,11 @@ void check_case(const Case& c, const Mask& mask, std::mt19937_64& rng) {
   for (Tensor* t : {&dq, &dk, &dv, &dsink}) t->poison();
   backward(in.dout.view, in.q.view, in.k.view, in.v.view, out.view, lse.view, mask, dq.view,
            dk.view, dv.view, o, c.sink ? dsink.view : TensorView{});
-  EXPECT_LE(test::max_abs_diff(as_fp64(dq), ref_dq),
+  EXPECT_LE(test::max_abs_diff(test::as_fp64(dq), ref_dq),
             2 * test::max_abs_diff(naive_dq, ref_dq) + atol_for(c.dtype));
-  EXPECT_LE(test::max_abs_diff(as_fp64(dk), ref_dk),
+  EXPECT_LE(test::max_abs_diff(test::as_fp64(dk), ref_dk),
             2 * test::max_abs_diff(naive_dk, ref_dk) + atol_for(c.dtype));
-  EXPECT_LE(test::max_abs_diff(as_fp64(dv), ref_dv),
+  EXPECT_LE(test::max_abs_diff(test::as_fp64(dv), ref_dv),
             2 * test::max_abs_diff(naive_dv, ref_dv) + atol_for(c.dtype));
   if (c.sink) {
     // The naive dsink: -sum_q exp(sink - lse) <dout, out> from the naive forward's rounded out.

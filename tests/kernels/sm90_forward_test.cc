@@ -48,16 +48,6 @@ struct DeviceCopy {
   ~DeviceCopy() { cudaFree(ptr); }
 };
 
-Tensor as_fp64(const Tensor& t) {
-  Tensor out(DType::kFloat64, {});
-  out.bytes.resize(t.numel() * sizeof(double));
-  out.view = t.view;
-  out.view.data = out.bytes.data();
-  out.view.dtype = DType::kFloat64;
-  for (std::int64_t i = 0; i < t.numel(); ++i) out.set(i, t.get(i));
-  return out;
-}
-
 struct Case {
   std::string name;
   std::int64_t tq, tk, hq, hk, d;
@@ -96,9 +86,9 @@ void check_case(const Case& c, const Mask& mask, std::mt19937_64& rng) {
     dlse.copy_to(lse);
   }
   const double naive_err = test::max_abs_diff(naive_out, ref_out);
-  const double err = test::max_abs_diff(as_fp64(out), ref_out);
+  const double err = test::max_abs_diff(test::as_fp64(out), ref_out);
   EXPECT_LE(err, 2 * naive_err + 2e-4) << "naive error " << naive_err;
-  EXPECT_LE(test::max_abs_diff(as_fp64(lse), ref_lse),
+  EXPECT_LE(test::max_abs_diff(test::as_fp64(lse), ref_lse),
             2 * test::max_abs_diff(naive_lse, ref_lse) + 1e-4);
   for (std::int64_t i = 0; i < ref_lse.numel(); ++i)
     if (std::isinf(ref_lse.get(i))) {  // a row that attends nothing: lse -inf and out exactly 0

@@ -289,7 +289,8 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
       int e = it.e_begin;
       WorkEntry entry = p.entries[e];
       int c0 = int(entry.begin), end = int(entry.end);
-      // The block whose S was just computed; moves the cursor on. Returns whether it was the last.
+      // The block whose S was just computed; moves the cursor on. Returns whether it was the last
+      // (and then lets Q go).
       int blk_c0 = 0, blk_end = 0, blk_band = 0;
       EntryMask blk_mask = EntryMask::kNone;
       auto take_block = [&]() {
@@ -299,7 +300,11 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
         blk_mask = entry.mask;
         c0 += kBlockN;
         if (c0 < end) return false;
-        if (++e == it.e_end) return true;
+        if (++e == it.e_end) {  // Q is no longer read: the producer may load the next tile's
+          pipe_q.consumer_release(q_state);
+          ++q_state;
+          return true;
+        }
         entry = p.entries[e];
         c0 = int(entry.begin);
         end = int(entry.end);
@@ -387,23 +392,31 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
         *reinterpret_cast<To*>(tOrP.data()) = convert(*reinterpret_cast<const From*>(tSrS.data()));
       };
 
+      // One committed group each: S = Q K^T of the current K stage, O += P V of the current V.
+      auto issue_s = [&]() {
+        warpgroup_fence_operand(tSrS);
+        warpgroup_arrive();
+        detail::issue_gemm<true>(mma_qk, tSrQ, tSrK(_, _, _, k_state.index()), tSrS);
+        warpgroup_commit_batch();
+      };
+      auto issue_pv = [&]() {
+        warpgroup_fence_operand(tOrO);
+        warpgroup_fence_operand(tOrP);
+        warpgroup_arrive();
+        detail::issue_gemm<false>(mma_pv, tOrP, tOrV(_, _, _, v_state.index()), tOrO);
+        warpgroup_commit_batch();
+      };
+
       // First block: S alone (O is still zero).
       pipe_k.consumer_wait(k_state);
       cutlass::arch::NamedBarrier::sync(256, my_turn);
-      warpgroup_fence_operand(tSrS);
-      warpgroup_arrive();
-      detail::issue_gemm<true>(mma_qk, tSrQ, tSrK(_, _, _, k_state.index()), tSrS);
-      warpgroup_commit_batch();
+      issue_s();
       cutlass::arch::NamedBarrier::arrive(256, other_turn);
       warpgroup_wait<0>();
       warpgroup_fence_operand(tSrS);
       pipe_k.consumer_release(k_state);
       ++k_state;
       bool last = take_block();
-      if (last) {  // Q is no longer read: the producer may load the next tile's
-        pipe_q.consumer_release(q_state);
-        ++q_state;
-      }
       softmax();
       convert_p();
 
@@ -414,25 +427,14 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
         pipe_k.consumer_wait(k_state);
         pipe_v.consumer_wait(v_state);
         cutlass::arch::NamedBarrier::sync(256, my_turn);
-        warpgroup_fence_operand(tSrS);
-        warpgroup_arrive();
-        detail::issue_gemm<true>(mma_qk, tSrQ, tSrK(_, _, _, k_state.index()), tSrS);
-        warpgroup_commit_batch();
-        warpgroup_fence_operand(tOrO);
-        warpgroup_fence_operand(tOrP);
-        warpgroup_arrive();
-        detail::issue_gemm<false>(mma_pv, tOrP, tOrV(_, _, _, v_state.index()), tOrO);
-        warpgroup_commit_batch();
+        issue_s();
+        issue_pv();
         cutlass::arch::NamedBarrier::arrive(256, other_turn);
         warpgroup_wait<1>();
         warpgroup_fence_operand(tSrS);
         pipe_k.consumer_release(k_state);
         ++k_state;
         last = take_block();
-        if (last) {
-          pipe_q.consumer_release(q_state);
-          ++q_state;
-        }
         softmax();
         warpgroup_wait<0>();
         warpgroup_fence_operand(tOrO);
@@ -455,11 +457,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
       // The last block's P V, in a turn of its own.
       pipe_v.consumer_wait(v_state);
       cutlass::arch::NamedBarrier::sync(256, my_turn);
-      warpgroup_fence_operand(tOrO);
-      warpgroup_fence_operand(tOrP);
-      warpgroup_arrive();
-      detail::issue_gemm<false>(mma_pv, tOrP, tOrV(_, _, _, v_state.index()), tOrO);
-      warpgroup_commit_batch();
+      issue_pv();
       cutlass::arch::NamedBarrier::arrive(256, other_turn);
       warpgroup_wait<0>();
       warpgroup_fence_operand(tOrO);
