@@ -406,6 +406,11 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
         detail::issue_gemm<false>(mma_pv, tOrP, tOrV(_, _, _, v_state.index()), tOrO);
         warpgroup_commit_batch();
       };
+      auto wait_pv = [&]() {
+        warpgroup_wait<0>();
+        warpgroup_fence_operand(tOrO);
+        warpgroup_fence_operand(tOrP);
+      };
 
       // First block: S alone (O is still zero).
       pipe_k.consumer_wait(k_state);
@@ -436,21 +441,26 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
         ++k_state;
         last = take_block();
         softmax();
-        warpgroup_wait<0>();
-        warpgroup_fence_operand(tOrO);
-        warpgroup_fence_operand(tOrP);
-        pipe_v.consumer_release(v_state);
-        ++v_state;
         // Once the row maxima settle, most blocks leave them unchanged: skip the rescale when no
-        // row of the warp moved (a warp-uniform test).
-        if (__any_sync(0xffffffffu, correction[0] != 1.f || correction[1] != 1.f)) {
+        // row of the warp moved (a warp-uniform test). The wait for P V sits in both arms on
+        // purpose: ptxas hoists a wgmma wait to the top of its basic block, so the wait must start
+        // a block that follows the whole softmax, or the softmax would not overlap the product.
+        // The row-sum term (never true: sums are >= 0, NaN aside) makes the branch read every
+        // exponential, so that none of them is sunk below it.
+        if (__any_sync(0xffffffffu, correction[0] != 1.f || correction[1] != 1.f ||
+                                        !(row_sum[0] + row_sum[1] >= 0.f))) {
+          wait_pv();
           CUTLASS_PRAGMA_UNROLL
           for (int h = 0; h < 2; ++h) CUTLASS_PRAGMA_UNROLL
           for (int j = 0; j < kHeadDim / 8; ++j) {
             tOrO(2 * h + 4 * j) *= correction[h];
             tOrO(1 + 2 * h + 4 * j) *= correction[h];
           }
+        } else {
+          wait_pv();
         }
+        pipe_v.consumer_release(v_state);
+        ++v_state;
         convert_p();
       }
 
@@ -459,9 +469,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
       cutlass::arch::NamedBarrier::sync(256, my_turn);
       issue_pv();
       cutlass::arch::NamedBarrier::arrive(256, other_turn);
-      warpgroup_wait<0>();
-      warpgroup_fence_operand(tOrO);
-      warpgroup_fence_operand(tOrP);
+      wait_pv();
       pipe_v.consumer_release(v_state);
       ++v_state;
     }
