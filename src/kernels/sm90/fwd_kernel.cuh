@@ -23,6 +23,8 @@ struct FwdConfig {
   using Element = Element_;
   static constexpr int kHeadDim = kHeadDim_;
   static constexpr int kStages = kHeadDim <= 64 ? 3 : 2;
+  // Two Q buffers: the next item's Q loads while this one's last blocks run.
+  static constexpr int kQStages = 2;
   static constexpr int kConsumers = 2;  // warp groups of 64 rows each
   static constexpr int kThreads = 128 * (kConsumers + 1);
   static constexpr int kPanels = kHeadDim / 64;  // 128-byte swizzle panels along D (one TMA box)
@@ -40,6 +42,9 @@ struct FwdConfig {
 
   using SwizzleAtom = decltype(cute::GMMA::Layout_K_SW128_Atom<Element>{});
   using SmemLayoutQ = decltype(cute::tile_to_shape(
+      SwizzleAtom{},
+      cute::Shape<cute::Int<kBlockM>, cute::Int<kHeadDim>, cute::Int<kQStages>>{}));
+  using SmemLayoutO = decltype(cute::tile_to_shape(
       SwizzleAtom{}, cute::Shape<cute::Int<kBlockM>, cute::Int<kHeadDim>>{}));
   using SmemLayoutKV = decltype(cute::tile_to_shape(
       SwizzleAtom{}, cute::Shape<cute::Int<kBlockN>, cute::Int<kHeadDim>, cute::Int<kStages>>{}));
@@ -50,7 +55,7 @@ struct FwdConfig {
           cute::Shape<cute::Int<kHeadDim>, cute::Int<kBlockN>, cute::Int<kStages>>{},
           cute::Stride<cute::Int<kBlockN>, cute::_1, cute::Int<kBlockN * kHeadDim>>{})));
 
-  using PipelineQ = cutlass::PipelineTmaAsync<1>;
+  using PipelineQ = cutlass::PipelineTmaAsync<kQStages>;
   using PipelineKV = cutlass::PipelineTmaAsync<kStages>;
   // Item indices, handed from the producer thread (which takes them from the global counter) to
   // the consumers.
@@ -61,7 +66,7 @@ struct FwdConfig {
     cute::array_aligned<Element, cute::cosize_v<SmemLayoutQ>, 1024> q;
     cute::array_aligned<Element, cute::cosize_v<SmemLayoutKV>, 1024> k;
     cute::array_aligned<Element, cute::cosize_v<SmemLayoutKV>, 1024> v;
-    cute::array_aligned<Element, cute::cosize_v<SmemLayoutQ>, 1024> o;  // staged for the TMA store
+    cute::array_aligned<Element, cute::cosize_v<SmemLayoutO>, 1024> o;  // staged for the TMA store
     typename PipelineQ::SharedStorage pipe_q;
     typename PipelineKV::SharedStorage pipe_k;
     typename PipelineKV::SharedStorage pipe_v;
@@ -70,6 +75,7 @@ struct FwdConfig {
   };
   // The dynamic shared memory base is only 16-byte aligned; the kernel rounds it up.
   static constexpr int kSmemBytes = int(sizeof(SharedStorage)) + 1024;
+  static_assert(kSmemBytes <= 227 * 1024, "more shared memory than an sm_90 CTA may have");
 
   static constexpr std::uint32_t kQBytes = kBlockM * kHeadDim * sizeof(Element);
   static constexpr std::uint32_t kKVBytes = kBlockN * kHeadDim * sizeof(Element);
@@ -197,9 +203,10 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
       const detail::Item it = detail::decode_item(p, i);
       if (it.e_begin == it.e_end) continue;
       pipe_q.producer_acquire(q_state);
+      Element* q_dst = ss.q.data() + q_state.index() * kBlockM * kHeadDim;
       for (int c = 0; c < Cfg::kPanels; ++c)
         SM90_TMA_LOAD_3D::copy(&p.tma_q, pipe_q.producer_get_barrier(q_state), kHint,
-                               ss.q.data() + c * kBlockM * 64, c * 64, it.tile << p.rows_log2,
+                               q_dst + c * kBlockM * 64, c * 64, it.tile << p.rows_log2,
                                it.head0);
       ++q_state;
       for (int e = it.e_begin; e < it.e_end; ++e) {
@@ -238,7 +245,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
   Tensor tOrV = thr_pv.partition_fragment_B(sVt);
   Tensor tSrS = partition_fragment_C(mma_qk, select<0, 1>(typename Cfg::TileQK{}));
   Tensor tOrO = partition_fragment_C(mma_pv, select<0, 1>(typename Cfg::TilePV{}));
-  Tensor sO = make_tensor(make_smem_ptr(ss.o.data()), typename Cfg::SmemLayoutQ{});
+  Tensor sO = make_tensor(make_smem_ptr(ss.o.data()), typename Cfg::SmemLayoutO{});
   Tensor tOsO = thr_pv.partition_C(sO);  // this thread's elements of O, laid out as tOrO
   static_assert(size(tOsO) == size(tOrO));
   // P in the A-operand register layout of P V: ((2,2,2), 1, kBlockN/16). Element i of the
@@ -396,7 +403,8 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
       auto issue_s = [&]() {
         warpgroup_fence_operand(tSrS);
         warpgroup_arrive();
-        detail::issue_gemm<true>(mma_qk, tSrQ, tSrK(_, _, _, k_state.index()), tSrS);
+        detail::issue_gemm<true>(mma_qk, tSrQ(_, _, _, q_state.index()),
+                                 tSrK(_, _, _, k_state.index()), tSrS);
         warpgroup_commit_batch();
       };
       auto issue_pv = [&]() {
@@ -475,7 +483,9 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
     }
 
     // Epilogue: normalise and fold in the sink; lse goes straight from registers, out through
-    // shared memory and one TMA store, which runs on while the next item starts.
+    // shared memory and a TMA store, which runs on while the next item starts. Each group stores
+    // its own 64 rows, so that neither waits for the other: one group's epilogue runs while the
+    // other's last product is still on the tensor cores.
     float mul[2];
     CUTLASS_PRAGMA_UNROLL
     for (int h = 0; h < 2; ++h) {
@@ -500,21 +510,28 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
         p.lse[std::int64_t(token[h]) * p.lse_stride_t + std::int64_t(head[h]) * p.lse_stride_h] =
             lse;
     }
-    // The previous item's store must have read the staging buffer before it is written again.
-    if (ctid == 0) tma_store_wait<0>();
-    cutlass::arch::NamedBarrier::sync(256, 2);
+    // The previous item's store must have read this group's staging rows before they are
+    // written again.
+    const int half = wg - 1;
+    const bool store_leader = ctid % 128 == 0;
+    if (store_leader) tma_store_wait<0>();
+    cutlass::arch::NamedBarrier::sync(128, 2 + half);
     CUTLASS_PRAGMA_UNROLL
     for (int x = 0; x < size(tOrO); ++x) tOsO(x) = Element(tOrO(x) * mul[(x >> 1) & 1]);
     cutlass::arch::fence_view_async_shared();  // make the writes visible to the copy engine
-    cutlass::arch::NamedBarrier::sync(256, 2);
-    if (ctid == 0) {
+    cutlass::arch::NamedBarrier::sync(128, 2 + half);
+    if (store_leader) {
+      // The group's rows: the second 64 tokens of one head, or the second half of the packed
+      // heads (the O map's box is one half: {64, 64, 1} or {64, rows, pack / 2}).
+      const int token0 = (it.tile << p.rows_log2) + (p.pack == 1 ? 64 * half : 0);
+      const int head0 = it.head0 + half * (p.pack / 2);
       for (int c = 0; c < Cfg::kPanels; ++c)
-        SM90_TMA_STORE_3D::copy(&p.tma_o, ss.o.data() + c * kBlockM * 64, c * 64,
-                                it.tile << p.rows_log2, it.head0);
+        SM90_TMA_STORE_3D::copy(&p.tma_o, ss.o.data() + c * kBlockM * 64 + half * 64 * 64,
+                                c * 64, token0, head0);
       tma_store_arrive();
     }
   }
-  if (ctid == 0) tma_store_wait<0>();
+  if (ctid % 128 == 0) tma_store_wait<0>();
 }
 
 }  // namespace flexcp::sm90

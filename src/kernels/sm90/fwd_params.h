@@ -18,8 +18,9 @@ inline constexpr int kBlockN = 128;
 
 struct FwdParams {
   // q as {D, Tq, Hq}, boxes of {64, rows_per_tile, pack}; k and v as {D, Tk, Hk}, boxes of
-  // {64, kBlockN, 1}; out like q. 128-byte swizzle; out-of-bounds rows read as zeros and are
-  // never written.
+  // {64, kBlockN, 1}; out in half tiles ({64, 64, 1} when pack is 1, else {64, rows_per_tile,
+  // pack / 2}), one per consumer warp group. 128-byte swizzle; out-of-bounds rows read as zeros
+  // and are never written.
   CUtensorMap tma_q;
   CUtensorMap tma_k;
   CUtensorMap tma_v;

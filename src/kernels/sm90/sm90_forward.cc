@@ -278,7 +278,10 @@ void forward(const AttentionShape& s, const TensorView& q, const TensorView& k, 
     p.tma_k = make_tensor_map("k", k, kBlockN, 1);
     p.tma_v = make_tensor_map("v", v, kBlockN, 1);
   }
-  p.tma_o = make_tensor_map("out", out, rows, pack);
+  // Each consumer warp group stores its own 64 rows: half the tile's tokens of one head, or
+  // half of its packed heads.
+  p.tma_o = pack == 1 ? make_tensor_map("out", out, kBlockM / 2, 1)
+                      : make_tensor_map("out", out, rows, pack / 2);
   p.lse = static_cast<float*>(lse.data);
   p.lse_stride_t = lse.strides[0];
   p.lse_stride_h = lse.strides[1];
