@@ -5,6 +5,8 @@
 // own pipelines of kStages buffers. The two consumer groups take turns on the tensor cores (S of a
 // block with P V of the one before), so that one group's softmax runs under the other's products;
 // within a group, the softmax of S also runs while its P V product of the previous block finishes.
+// Items follow one another without a gap: an item's last P V shares its turn with the next item's
+// first S, and Q is double-buffered so that the next item's Q is already there.
 #pragma once
 
 #include <cutlass/arch/barrier.h>
@@ -42,8 +44,7 @@ struct FwdConfig {
 
   using SwizzleAtom = decltype(cute::GMMA::Layout_K_SW128_Atom<Element>{});
   using SmemLayoutQ = decltype(cute::tile_to_shape(
-      SwizzleAtom{},
-      cute::Shape<cute::Int<kBlockM>, cute::Int<kHeadDim>, cute::Int<kQStages>>{}));
+      SwizzleAtom{}, cute::Shape<cute::Int<kBlockM>, cute::Int<kHeadDim>, cute::Int<kQStages>>{}));
   using SmemLayoutO = decltype(cute::tile_to_shape(
       SwizzleAtom{}, cute::Shape<cute::Int<kBlockM>, cute::Int<kHeadDim>>{}));
   using SmemLayoutKV = decltype(cute::tile_to_shape(
@@ -112,6 +113,14 @@ __device__ __forceinline__ float softcap_from_exp(float e, float softcap) {
 struct Item {
   int tile, kv_head, head0;  // head0: first q head packed into the tile
   int e_begin, e_end;        // the tile's entries (the host keeps their count below 2^31)
+};
+
+// What a consumer thread keeps of the item whose rows it holds: the item, its two rows (token, q
+// head), and their running maximum (log2 units, scaled) and sum (this thread's share).
+struct Rows {
+  Item it;
+  int token[2], head[2];
+  float max[2], sum[2];
 };
 
 // Items run kv head by kv head (busiest tiles first within each), so that the CTAs running at one
@@ -206,8 +215,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
       Element* q_dst = ss.q.data() + q_state.index() * kBlockM * kHeadDim;
       for (int c = 0; c < Cfg::kPanels; ++c)
         SM90_TMA_LOAD_3D::copy(&p.tma_q, pipe_q.producer_get_barrier(q_state), kHint,
-                               q_dst + c * kBlockM * 64, c * 64, it.tile << p.rows_log2,
-                               it.head0);
+                               q_dst + c * kBlockM * 64, c * 64, it.tile << p.rows_log2, it.head0);
       ++q_state;
       for (int e = it.e_begin; e < it.e_end; ++e) {
         const WorkEntry entry = p.entries[e];
@@ -246,8 +254,10 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
   Tensor tSrS = partition_fragment_C(mma_qk, select<0, 1>(typename Cfg::TileQK{}));
   Tensor tOrO = partition_fragment_C(mma_pv, select<0, 1>(typename Cfg::TilePV{}));
   Tensor sO = make_tensor(make_smem_ptr(ss.o.data()), typename Cfg::SmemLayoutO{});
-  Tensor tOsO = thr_pv.partition_C(sO);  // this thread's elements of O, laid out as tOrO
-  static_assert(size(tOsO) == size(tOrO));
+  // O goes to shared memory with stmatrix (16 bytes per instruction, shared-space addresses).
+  auto store_o = make_tiled_copy_C(Copy_Atom<SM90_U32x4_STSM_N, Element>{}, mma_pv);
+  auto thr_store_o = store_o.get_thread_slice(ctid);
+  Tensor tOsO = thr_store_o.partition_D(sO);
   // P in the A-operand register layout of P V: ((2,2,2), 1, kBlockN/16). Element i of the
   // accumulator S, i = c + 2*half + 4*j (column pair c, row half, column group j), is element i
   // of this layout, so the conversion is a plain element-wise copy.
@@ -270,172 +280,255 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
   typename PipelineKV::PipelineState k_state;
   typename PipelineKV::PipelineState v_state;
   typename PipelineItem::PipelineState item_state;
-
-  for (;;) {
+  auto take_item = [&]() {
     pipe_item.consumer_wait(item_state);
     const int i = ss.item[item_state.index()];
     pipe_item.consumer_release(item_state);
     ++item_state;
-    if (i >= p.items) break;
-    const detail::Item it = detail::decode_item(p, i);
-    int token[2];
-    int head[2];
+    return i;
+  };
+
+  detail::Rows rows{};
+  auto start_item = [&](const detail::Item& next) {
+    rows.it = next;
+    CUTLASS_PRAGMA_UNROLL
     for (int h = 0; h < 2; ++h) {
       const int m = row_in_tile + 8 * h;
-      token[h] = (it.tile << p.rows_log2) + (m & rows_mask);
-      head[h] = it.head0 + (m >> p.rows_log2);
+      rows.token[h] = (next.tile << p.rows_log2) + (m & rows_mask);
+      rows.head[h] = next.head0 + (m >> p.rows_log2);
+      rows.max[h] = kNegInf;
+      rows.sum[h] = 0.f;
     }
-    float row_max[2] = {kNegInf, kNegInf};  // in log2 units (scaled)
-    float row_sum[2] = {0.f, 0.f};          // this thread's share; summed over the quad at the end
+  };
+
+  // The block cursor: entry e and the first column c0 of the next block to issue. Kept in 32 bits
+  // (the host checks the sizes); the band is read only for blocks that need masking.
+  int e = 0, c0 = 0, end = 0;
+  WorkEntry entry{};
+  auto start_cursor = [&]() {
+    e = rows.it.e_begin;
+    entry = p.entries[e];
+    c0 = int(entry.begin);
+    end = int(entry.end);
+  };
+  // The block whose S was just computed; moves the cursor on. Returns whether it was the item's
+  // last (and then lets Q go).
+  int blk_c0 = 0, blk_end = 0, blk_band = 0;
+  EntryMask blk_mask = EntryMask::kNone;
+  auto take_block = [&]() {
+    blk_c0 = c0;
+    blk_end = end;
+    blk_band = entry.band;
+    blk_mask = entry.mask;
+    c0 += kBlockN;
+    if (c0 < end) return false;
+    if (++e == rows.it.e_end) {  // Q is no longer read: the producer may load a later item's
+      pipe_q.consumer_release(q_state);
+      ++q_state;
+      return true;
+    }
+    entry = p.entries[e];
+    c0 = int(entry.begin);
+    end = int(entry.end);
+    return false;
+  };
+  // Softcap, mask and online softmax of S in place (S becomes P in fp32); returns through
+  // `correction` the factor that rescales what O accumulated before.
+  float correction[2];
+  auto softmax = [&]() {
+    if (p.softcap > 0.f) {
+      CUTLASS_PRAGMA_UNROLL
+      for (int x = 0; x < size(tSrS); ++x)
+        tSrS(x) =
+            detail::softcap_from_exp(detail::exp2_approx(tSrS(x) * p.softcap_scale), p.softcap);
+    } else if (p.negate) {
+      CUTLASS_PRAGMA_UNROLL
+      for (int x = 0; x < size(tSrS); ++x) tSrS(x) = -tSrS(x);
+    }
+    // Columns [lo, hi) of the block are attended by each row; masking only on edge blocks.
+    if (blk_mask != EntryMask::kNone || blk_c0 + kBlockN > blk_end) {
+      const Band band = p.bands[blk_band];
+      CUTLASS_PRAGMA_UNROLL
+      for (int h = 0; h < 2; ++h) {
+        const std::int64_t t = rows.token[h];
+        std::int64_t lo = 0, hi = blk_end - blk_c0;
+        if (blk_mask != EntryMask::kNone) {
+          if (t < band.row_begin || t >= band.row_end) {
+            hi = 0;
+          } else if (blk_mask == EntryMask::kElements) {
+            lo = band.begin(t) - blk_c0;
+            const std::int64_t band_end = band.end(t);
+            hi = (band_end < blk_end ? band_end : blk_end) - blk_c0;
+          }
+        }
+        const int lo32 = int(lo < 0 ? 0 : (lo > kBlockN ? kBlockN : lo));
+        const int hi32 = int(hi < 0 ? 0 : (hi > kBlockN ? kBlockN : hi));
+        CUTLASS_PRAGMA_UNROLL
+        for (int j = 0; j < kBlockN / 8; ++j) CUTLASS_PRAGMA_UNROLL
+        for (int c = 0; c < 2; ++c) {
+          const int n = col_base + 8 * j + c;
+          if (n < lo32 || n >= hi32) tSrS(c + 2 * h + 4 * j) = kNegInf;
+        }
+      }
+    }
+    // Row maxima and sums as four independent chains per row: with two consumer warps per
+    // scheduler, dependent chains (not throughput) bound this loop.
+    constexpr int kChains = 4;
+    float mx[2];
+    CUTLASS_PRAGMA_UNROLL
+    for (int h = 0; h < 2; ++h) {
+      float part[kChains];
+      CUTLASS_PRAGMA_UNROLL
+      for (int c = 0; c < kChains; ++c) part[c] = kNegInf;
+      CUTLASS_PRAGMA_UNROLL
+      for (int j = 0; j < kBlockN / 8; ++j)
+        part[j % kChains] =
+            fmaxf(part[j % kChains], fmaxf(tSrS(2 * h + 4 * j), tSrS(1 + 2 * h + 4 * j)));
+      mx[h] = fmaxf(fmaxf(part[0], part[1]), fmaxf(part[2], part[3]));
+    }
+    CUTLASS_PRAGMA_UNROLL
+    for (int h = 0; h < 2; ++h) mx[h] = fmaxf(mx[h], __shfl_xor_sync(0xffffffffu, mx[h], 1));
+    CUTLASS_PRAGMA_UNROLL
+    for (int h = 0; h < 2; ++h) mx[h] = fmaxf(mx[h], __shfl_xor_sync(0xffffffffu, mx[h], 2));
+    CUTLASS_PRAGMA_UNROLL
+    for (int h = 0; h < 2; ++h) {
+      const float m_new = fmaxf(rows.max[h], mx[h] * p.scale_log2);
+      const float m_use = m_new == kNegInf ? 0.f : m_new;
+      correction[h] = detail::exp2_approx(rows.max[h] - m_use);
+      rows.max[h] = m_new;
+      float part[kChains] = {0.f, 0.f, 0.f, 0.f};
+      CUTLASS_PRAGMA_UNROLL
+      for (int j = 0; j < kBlockN / 8; ++j) CUTLASS_PRAGMA_UNROLL
+      for (int c = 0; c < 2; ++c) {
+        float& x = tSrS(c + 2 * h + 4 * j);
+        x = detail::exp2_approx(fmaf(x, p.scale_log2, -m_use));
+        part[j % kChains] += x;
+      }
+      rows.sum[h] = rows.sum[h] * correction[h] + ((part[0] + part[1]) + (part[2] + part[3]));
+    }
+  };
+  auto convert_p = [&]() {
+    cutlass::NumericArrayConverter<Element, float, decltype(size(tSrS))::value> convert;
+    using From = cutlass::Array<float, decltype(size(tSrS))::value>;
+    using To = cutlass::Array<Element, decltype(size(tSrS))::value>;
+    *reinterpret_cast<To*>(tOrP.data()) = convert(*reinterpret_cast<const From*>(tSrS.data()));
+  };
+
+  // One committed group each: S = Q K^T of the current K stage, O += P V of the current V.
+  auto issue_s = [&]() {
+    warpgroup_fence_operand(tSrS);
+    warpgroup_arrive();
+    detail::issue_gemm<true>(mma_qk, tSrQ(_, _, _, q_state.index()), tSrK(_, _, _, k_state.index()),
+                             tSrS);
+    warpgroup_commit_batch();
+  };
+  auto issue_pv = [&]() {
+    warpgroup_fence_operand(tOrO);
+    warpgroup_fence_operand(tOrP);
+    warpgroup_arrive();
+    detail::issue_gemm<false>(mma_pv, tOrP, tOrV(_, _, _, v_state.index()), tOrO);
+    warpgroup_commit_batch();
+  };
+  auto wait_pv = [&]() {
+    warpgroup_wait<0>();
+    warpgroup_fence_operand(tOrO);
+    warpgroup_fence_operand(tOrP);
+  };
+  auto release_k = [&]() {
+    pipe_k.consumer_release(k_state);
+    ++k_state;
+  };
+  auto release_v = [&]() {
+    pipe_v.consumer_release(v_state);
+    ++v_state;
+  };
+
+  // Epilogue: normalise and fold in the sink; lse goes straight from registers, out through
+  // shared memory and a TMA store, which runs on while the next item starts. Each group stores
+  // its own 64 rows, so that neither waits for the other: one group's epilogue runs while the
+  // other's last product is still on the tensor cores.
+  auto epilogue = [&](const detail::Rows& r) {
+    float mul[2];
+    CUTLASS_PRAGMA_UNROLL
+    for (int h = 0; h < 2; ++h) {
+      float l = r.sum[h];
+      l += __shfl_xor_sync(0xffffffffu, l, 1);
+      l += __shfl_xor_sync(0xffffffffu, l, 2);
+      mul[h] = 0.f;
+      float lse = kNegInf;
+      if (l > 0.f) {
+        float lse2 = r.max[h] + __log2f(l);
+        mul[h] = 1.f / l;
+        if (p.sink != nullptr) {
+          const float sink2 = p.sink[r.head[h]] * 1.4426950408889634f;
+          const float top = fmaxf(lse2, sink2);
+          const float total = top + __log2f(1.f + exp2f(-fabsf(lse2 - sink2)));
+          mul[h] *= exp2f(lse2 - total);
+          lse2 = total;
+        }
+        lse = lse2 * 0.6931471805599453f;
+      }
+      if (r.token[h] < p.seqlen_q && lane % 4 == 0)
+        p.lse[std::int64_t(r.token[h]) * p.lse_stride_t +
+              std::int64_t(r.head[h]) * p.lse_stride_h] = lse;
+    }
+    // The previous item's store must have read this group's staging rows before they are
+    // written again.
+    const int half = wg - 1;
+    const bool store_leader = ctid % 128 == 0;
+    if (store_leader) tma_store_wait<0>();
+    cutlass::arch::NamedBarrier::sync(128, 2 + half);
+    {
+      Tensor out = make_tensor_like<Element>(tOrO);
+      CUTLASS_PRAGMA_UNROLL
+      for (int x = 0; x < size(tOrO); ++x) out(x) = Element(tOrO(x) * mul[(x >> 1) & 1]);
+      copy(store_o, thr_store_o.retile_S(out), tOsO);
+    }
+    cutlass::arch::fence_view_async_shared();  // make the writes visible to the copy engine
+    cutlass::arch::NamedBarrier::sync(128, 2 + half);
+    if (store_leader) {
+      // The group's rows: the second 64 tokens of one head, or the second half of the packed
+      // heads (the O map's box is one half: {64, 64, 1} or {64, rows, pack / 2}).
+      const int token0 = (r.it.tile << p.rows_log2) + (p.pack == 1 ? 64 * half : 0);
+      const int head0 = r.it.head0 + half * (p.pack / 2);
+      for (int c = 0; c < Cfg::kPanels; ++c)
+        SM90_TMA_STORE_3D::copy(&p.tma_o, ss.o.data() + c * kBlockM * 64 + half * 64 * 64, c * 64,
+                                token0, head0);
+      tma_store_arrive();
+    }
+  };
+
+  // Items follow one another on the tensor cores without a gap: the turn that runs an item's last
+  // P V also runs the next item's first S, and this group's epilogue then overlaps the other
+  // group's turn. Only the first item, and one after an item without blocks, starts with a turn
+  // of its own for its first S.
+  bool last = false;  // the block whose P is ready was its item's last
+  for (int i = take_item(); i < p.items;) {
+    start_item(detail::decode_item(p, i));
     clear(tOrO);
-
-    if (it.e_begin != it.e_end) {
-      pipe_q.consumer_wait(q_state);
-      // The block cursor: entry e and the first column c0 of the next block to issue. Kept in
-      // 32 bits (the host checks the sizes); the band is read only for blocks that need masking.
-      int e = it.e_begin;
-      WorkEntry entry = p.entries[e];
-      int c0 = int(entry.begin), end = int(entry.end);
-      // The block whose S was just computed; moves the cursor on. Returns whether it was the last
-      // (and then lets Q go).
-      int blk_c0 = 0, blk_end = 0, blk_band = 0;
-      EntryMask blk_mask = EntryMask::kNone;
-      auto take_block = [&]() {
-        blk_c0 = c0;
-        blk_end = end;
-        blk_band = entry.band;
-        blk_mask = entry.mask;
-        c0 += kBlockN;
-        if (c0 < end) return false;
-        if (++e == it.e_end) {  // Q is no longer read: the producer may load the next tile's
-          pipe_q.consumer_release(q_state);
-          ++q_state;
-          return true;
-        }
-        entry = p.entries[e];
-        c0 = int(entry.begin);
-        end = int(entry.end);
-        return false;
-      };
-      // Softcap, mask and online softmax of S in place (S becomes P in fp32); returns through
-      // `correction` the factor that rescales what O accumulated before.
-      float correction[2];
-      auto softmax = [&]() {
-        if (p.softcap > 0.f) {
-          CUTLASS_PRAGMA_UNROLL
-          for (int x = 0; x < size(tSrS); ++x)
-            tSrS(x) =
-                detail::softcap_from_exp(detail::exp2_approx(tSrS(x) * p.softcap_scale), p.softcap);
-        } else if (p.negate) {
-          CUTLASS_PRAGMA_UNROLL
-          for (int x = 0; x < size(tSrS); ++x) tSrS(x) = -tSrS(x);
-        }
-        // Columns [lo, hi) of the block are attended by each row; masking only on edge blocks.
-        if (blk_mask != EntryMask::kNone || blk_c0 + kBlockN > blk_end) {
-          const Band band = p.bands[blk_band];
-          CUTLASS_PRAGMA_UNROLL
-          for (int h = 0; h < 2; ++h) {
-            const std::int64_t t = token[h];
-            std::int64_t lo = 0, hi = blk_end - blk_c0;
-            if (blk_mask != EntryMask::kNone) {
-              if (t < band.row_begin || t >= band.row_end) {
-                hi = 0;
-              } else if (blk_mask == EntryMask::kElements) {
-                lo = band.begin(t) - blk_c0;
-                const std::int64_t band_end = band.end(t);
-                hi = (band_end < blk_end ? band_end : blk_end) - blk_c0;
-              }
-            }
-            const int lo32 = int(lo < 0 ? 0 : (lo > kBlockN ? kBlockN : lo));
-            const int hi32 = int(hi < 0 ? 0 : (hi > kBlockN ? kBlockN : hi));
-            CUTLASS_PRAGMA_UNROLL
-            for (int j = 0; j < kBlockN / 8; ++j) CUTLASS_PRAGMA_UNROLL
-            for (int c = 0; c < 2; ++c) {
-              const int n = col_base + 8 * j + c;
-              if (n < lo32 || n >= hi32) tSrS(c + 2 * h + 4 * j) = kNegInf;
-            }
-          }
-        }
-        // Row maxima and sums as four independent chains per row: with two consumer warps per
-        // scheduler, dependent chains (not throughput) bound this loop.
-        constexpr int kChains = 4;
-        float mx[2];
-        CUTLASS_PRAGMA_UNROLL
-        for (int h = 0; h < 2; ++h) {
-          float part[kChains];
-          CUTLASS_PRAGMA_UNROLL
-          for (int c = 0; c < kChains; ++c) part[c] = kNegInf;
-          CUTLASS_PRAGMA_UNROLL
-          for (int j = 0; j < kBlockN / 8; ++j)
-            part[j % kChains] =
-                fmaxf(part[j % kChains], fmaxf(tSrS(2 * h + 4 * j), tSrS(1 + 2 * h + 4 * j)));
-          mx[h] = fmaxf(fmaxf(part[0], part[1]), fmaxf(part[2], part[3]));
-        }
-        CUTLASS_PRAGMA_UNROLL
-        for (int h = 0; h < 2; ++h) mx[h] = fmaxf(mx[h], __shfl_xor_sync(0xffffffffu, mx[h], 1));
-        CUTLASS_PRAGMA_UNROLL
-        for (int h = 0; h < 2; ++h) mx[h] = fmaxf(mx[h], __shfl_xor_sync(0xffffffffu, mx[h], 2));
-        CUTLASS_PRAGMA_UNROLL
-        for (int h = 0; h < 2; ++h) {
-          const float m_new = fmaxf(row_max[h], mx[h] * p.scale_log2);
-          const float m_use = m_new == kNegInf ? 0.f : m_new;
-          correction[h] = detail::exp2_approx(row_max[h] - m_use);
-          row_max[h] = m_new;
-          float part[kChains] = {0.f, 0.f, 0.f, 0.f};
-          CUTLASS_PRAGMA_UNROLL
-          for (int j = 0; j < kBlockN / 8; ++j) CUTLASS_PRAGMA_UNROLL
-          for (int c = 0; c < 2; ++c) {
-            float& x = tSrS(c + 2 * h + 4 * j);
-            x = detail::exp2_approx(fmaf(x, p.scale_log2, -m_use));
-            part[j % kChains] += x;
-          }
-          row_sum[h] = row_sum[h] * correction[h] + ((part[0] + part[1]) + (part[2] + part[3]));
-        }
-      };
-      auto convert_p = [&]() {
-        cutlass::NumericArrayConverter<Element, float, decltype(size(tSrS))::value> convert;
-        using From = cutlass::Array<float, decltype(size(tSrS))::value>;
-        using To = cutlass::Array<Element, decltype(size(tSrS))::value>;
-        *reinterpret_cast<To*>(tOrP.data()) = convert(*reinterpret_cast<const From*>(tSrS.data()));
-      };
-
-      // One committed group each: S = Q K^T of the current K stage, O += P V of the current V.
-      auto issue_s = [&]() {
-        warpgroup_fence_operand(tSrS);
-        warpgroup_arrive();
-        detail::issue_gemm<true>(mma_qk, tSrQ(_, _, _, q_state.index()),
-                                 tSrK(_, _, _, k_state.index()), tSrS);
-        warpgroup_commit_batch();
-      };
-      auto issue_pv = [&]() {
-        warpgroup_fence_operand(tOrO);
-        warpgroup_fence_operand(tOrP);
-        warpgroup_arrive();
-        detail::issue_gemm<false>(mma_pv, tOrP, tOrV(_, _, _, v_state.index()), tOrO);
-        warpgroup_commit_batch();
-      };
-      auto wait_pv = [&]() {
-        warpgroup_wait<0>();
-        warpgroup_fence_operand(tOrO);
-        warpgroup_fence_operand(tOrP);
-      };
-
-      // First block: S alone (O is still zero).
-      pipe_k.consumer_wait(k_state);
-      cutlass::arch::NamedBarrier::sync(256, my_turn);
-      issue_s();
-      cutlass::arch::NamedBarrier::arrive(256, other_turn);
-      warpgroup_wait<0>();
-      warpgroup_fence_operand(tSrS);
-      pipe_k.consumer_release(k_state);
-      ++k_state;
-      bool last = take_block();
-      softmax();
-      convert_p();
-
+    if (rows.it.e_begin == rows.it.e_end) {
+      i = take_item();
+      epilogue(rows);
+      continue;
+    }
+    start_cursor();
+    pipe_q.consumer_wait(q_state);
+    pipe_k.consumer_wait(k_state);
+    cutlass::arch::NamedBarrier::sync(256, my_turn);
+    issue_s();
+    cutlass::arch::NamedBarrier::arrive(256, other_turn);
+    warpgroup_wait<0>();
+    warpgroup_fence_operand(tSrS);
+    release_k();
+    last = take_block();
+    softmax();
+    convert_p();
+    // A chain of items with blocks: the turn that runs an item's last P V also runs the next
+    // item's first S.
+    for (;;) {
       // Each further block: one turn on the tensor cores issues its S and the previous block's
-      // P V (the other group runs its softmax meanwhile); this group's softmax of S then overlaps
-      // its own P V, and O is rescaled once that product has landed.
+      // P V (the other group runs its softmax meanwhile); this group's softmax of S then
+      // overlaps its own P V, and O is rescaled once that product has landed.
       while (!last) {
         pipe_k.consumer_wait(k_state);
         pipe_v.consumer_wait(v_state);
@@ -445,18 +538,17 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
         cutlass::arch::NamedBarrier::arrive(256, other_turn);
         warpgroup_wait<1>();
         warpgroup_fence_operand(tSrS);
-        pipe_k.consumer_release(k_state);
-        ++k_state;
+        release_k();
         last = take_block();
         softmax();
         // Once the row maxima settle, most blocks leave them unchanged: skip the rescale when no
         // row of the warp moved (a warp-uniform test). The wait for P V sits in both arms on
-        // purpose: ptxas hoists a wgmma wait to the top of its basic block, so the wait must start
-        // a block that follows the whole softmax, or the softmax would not overlap the product.
-        // The row-sum term (never true: sums are >= 0, NaN aside) makes the branch read every
-        // exponential, so that none of them is sunk below it.
+        // purpose: ptxas hoists a wgmma wait to the top of its basic block, so the wait must
+        // start a block that follows the whole softmax, or the softmax would not overlap the
+        // product. The row-sum term (never true: sums are >= 0, NaN aside) makes the branch read
+        // every exponential, so that none of them is sunk below it.
         if (__any_sync(0xffffffffu, correction[0] != 1.f || correction[1] != 1.f ||
-                                        !(row_sum[0] + row_sum[1] >= 0.f))) {
+                                        !(rows.sum[0] + rows.sum[1] >= 0.f))) {
           wait_pv();
           CUTLASS_PRAGMA_UNROLL
           for (int h = 0; h < 2; ++h) CUTLASS_PRAGMA_UNROLL
@@ -467,68 +559,44 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
         } else {
           wait_pv();
         }
-        pipe_v.consumer_release(v_state);
-        ++v_state;
+        release_v();
         convert_p();
       }
-
-      // The last block's P V, in a turn of its own.
+      // The last block's P V, with the next item's first S when it has blocks.
+      i = take_item();
+      detail::Item next_item{};
+      if (i < p.items) next_item = detail::decode_item(p, i);
+      if (i >= p.items || next_item.e_begin == next_item.e_end) {
+        pipe_v.consumer_wait(v_state);
+        cutlass::arch::NamedBarrier::sync(256, my_turn);
+        issue_pv();
+        cutlass::arch::NamedBarrier::arrive(256, other_turn);
+        wait_pv();
+        release_v();
+        epilogue(rows);
+        break;
+      }
+      pipe_q.consumer_wait(q_state);
+      pipe_k.consumer_wait(k_state);
       pipe_v.consumer_wait(v_state);
       cutlass::arch::NamedBarrier::sync(256, my_turn);
+      issue_s();
       issue_pv();
       cutlass::arch::NamedBarrier::arrive(256, other_turn);
       wait_pv();
-      pipe_v.consumer_release(v_state);
-      ++v_state;
-    }
-
-    // Epilogue: normalise and fold in the sink; lse goes straight from registers, out through
-    // shared memory and a TMA store, which runs on while the next item starts. Each group stores
-    // its own 64 rows, so that neither waits for the other: one group's epilogue runs while the
-    // other's last product is still on the tensor cores.
-    float mul[2];
-    CUTLASS_PRAGMA_UNROLL
-    for (int h = 0; h < 2; ++h) {
-      float l = row_sum[h];
-      l += __shfl_xor_sync(0xffffffffu, l, 1);
-      l += __shfl_xor_sync(0xffffffffu, l, 2);
-      mul[h] = 0.f;
-      float lse = kNegInf;
-      if (l > 0.f) {
-        float lse2 = row_max[h] + __log2f(l);
-        mul[h] = 1.f / l;
-        if (p.sink != nullptr) {
-          const float sink2 = p.sink[head[h]] * 1.4426950408889634f;
-          const float top = fmaxf(lse2, sink2);
-          const float total = top + __log2f(1.f + exp2f(-fabsf(lse2 - sink2)));
-          mul[h] *= exp2f(lse2 - total);
-          lse2 = total;
-        }
-        lse = lse2 * 0.6931471805599453f;
-      }
-      if (token[h] < p.seqlen_q && lane % 4 == 0)
-        p.lse[std::int64_t(token[h]) * p.lse_stride_t + std::int64_t(head[h]) * p.lse_stride_h] =
-            lse;
-    }
-    // The previous item's store must have read this group's staging rows before they are
-    // written again.
-    const int half = wg - 1;
-    const bool store_leader = ctid % 128 == 0;
-    if (store_leader) tma_store_wait<0>();
-    cutlass::arch::NamedBarrier::sync(128, 2 + half);
-    CUTLASS_PRAGMA_UNROLL
-    for (int x = 0; x < size(tOrO); ++x) tOsO(x) = Element(tOrO(x) * mul[(x >> 1) & 1]);
-    cutlass::arch::fence_view_async_shared();  // make the writes visible to the copy engine
-    cutlass::arch::NamedBarrier::sync(128, 2 + half);
-    if (store_leader) {
-      // The group's rows: the second 64 tokens of one head, or the second half of the packed
-      // heads (the O map's box is one half: {64, 64, 1} or {64, rows, pack / 2}).
-      const int token0 = (it.tile << p.rows_log2) + (p.pack == 1 ? 64 * half : 0);
-      const int head0 = it.head0 + half * (p.pack / 2);
-      for (int c = 0; c < Cfg::kPanels; ++c)
-        SM90_TMA_STORE_3D::copy(&p.tma_o, ss.o.data() + c * kBlockM * 64 + half * 64 * 64,
-                                c * 64, token0, head0);
-      tma_store_arrive();
+      warpgroup_fence_operand(tSrS);
+      release_k();
+      release_v();
+      // The next item's first softmax before this item's epilogue: S is then free, which leaves
+      // the registers for the epilogue.
+      const detail::Rows done = rows;
+      start_item(next_item);
+      start_cursor();
+      last = take_block();
+      softmax();
+      convert_p();
+      epilogue(done);
+      clear(tOrO);
     }
   }
   if (ctid % 128 == 0) tma_store_wait<0>();
