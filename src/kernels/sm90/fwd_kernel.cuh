@@ -348,6 +348,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
     // Columns [lo, hi) of the block are attended by each row; masking only on edge blocks.
     if (blk_mask != EntryMask::kNone || blk_c0 + kBlockN > blk_end) {
       const Band band = p.bands[blk_band];
+      int lo32[2], hi32[2];  // relative to this thread's first column, col_base
       CUTLASS_PRAGMA_UNROLL
       for (int h = 0; h < 2; ++h) {
         const std::int64_t t = rows.token[h];
@@ -361,14 +362,24 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
             hi = (band_end < blk_end ? band_end : blk_end) - blk_c0;
           }
         }
-        const int lo32 = int(lo < 0 ? 0 : (lo > kBlockN ? kBlockN : lo));
-        const int hi32 = int(hi < 0 ? 0 : (hi > kBlockN ? kBlockN : hi));
+        lo32[h] = int(lo < 0 ? 0 : (lo > kBlockN ? kBlockN : lo)) - col_base;
+        hi32[h] = int(hi < 0 ? 0 : (hi > kBlockN ? kBlockN : hi)) - col_base;
+      }
+      // Most edge blocks are cut on one side only (a causal diagonal, the first block of a
+      // window): each side is tested only when a row of the warp is cut there.
+      if (__any_sync(0xffffffffu, lo32[0] > -col_base || lo32[1] > -col_base)) {
         CUTLASS_PRAGMA_UNROLL
+        for (int h = 0; h < 2; ++h) CUTLASS_PRAGMA_UNROLL
         for (int j = 0; j < kBlockN / 8; ++j) CUTLASS_PRAGMA_UNROLL
-        for (int c = 0; c < 2; ++c) {
-          const int n = col_base + 8 * j + c;
-          if (n < lo32 || n >= hi32) tSrS(c + 2 * h + 4 * j) = kNegInf;
-        }
+        for (int c = 0; c < 2; ++c)
+          if (8 * j + c < lo32[h]) tSrS(c + 2 * h + 4 * j) = kNegInf;
+      }
+      if (__any_sync(0xffffffffu, hi32[0] < kBlockN - col_base || hi32[1] < kBlockN - col_base)) {
+        CUTLASS_PRAGMA_UNROLL
+        for (int h = 0; h < 2; ++h) CUTLASS_PRAGMA_UNROLL
+        for (int j = 0; j < kBlockN / 8; ++j) CUTLASS_PRAGMA_UNROLL
+        for (int c = 0; c < 2; ++c)
+          if (8 * j + c >= hi32[h]) tSrS(c + 2 * h + 4 * j) = kNegInf;
       }
     }
     // Row maxima and sums as four independent chains per row: with two consumer warps per
