@@ -440,6 +440,12 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
     detail::issue_gemm<false>(mma_pv, tOrP, tOrV(_, _, _, v_state.index()), tOrO);
     warpgroup_commit_batch();
   };
+  // One turn on the tensor cores: issue this group's products, then hand the turn over.
+  auto turn = [&](auto&... issue) {
+    cutlass::arch::NamedBarrier::sync(256, my_turn);
+    (issue(), ...);
+    cutlass::arch::NamedBarrier::arrive(256, other_turn);
+  };
   auto wait_pv = [&]() {
     warpgroup_wait<0>();
     warpgroup_fence_operand(tOrO);
@@ -525,9 +531,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
     start_cursor();
     pipe_q.consumer_wait(q_state);
     pipe_k.consumer_wait(k_state);
-    cutlass::arch::NamedBarrier::sync(256, my_turn);
-    issue_s();
-    cutlass::arch::NamedBarrier::arrive(256, other_turn);
+    turn(issue_s);
     warpgroup_wait<0>();
     warpgroup_fence_operand(tSrS);
     release_k();
@@ -543,10 +547,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
       while (!last) {
         pipe_k.consumer_wait(k_state);
         pipe_v.consumer_wait(v_state);
-        cutlass::arch::NamedBarrier::sync(256, my_turn);
-        issue_s();
-        issue_pv();
-        cutlass::arch::NamedBarrier::arrive(256, other_turn);
+        turn(issue_s, issue_pv);
         warpgroup_wait<1>();
         warpgroup_fence_operand(tSrS);
         release_k();
@@ -579,9 +580,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
       if (i < p.items) next_item = detail::decode_item(p, i);
       if (i >= p.items || next_item.e_begin == next_item.e_end) {
         pipe_v.consumer_wait(v_state);
-        cutlass::arch::NamedBarrier::sync(256, my_turn);
-        issue_pv();
-        cutlass::arch::NamedBarrier::arrive(256, other_turn);
+        turn(issue_pv);
         wait_pv();
         release_v();
         epilogue(rows);
@@ -590,10 +589,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
       pipe_q.consumer_wait(q_state);
       pipe_k.consumer_wait(k_state);
       pipe_v.consumer_wait(v_state);
-      cutlass::arch::NamedBarrier::sync(256, my_turn);
-      issue_s();
-      issue_pv();
-      cutlass::arch::NamedBarrier::arrive(256, other_turn);
+      turn(issue_s, issue_pv);
       wait_pv();
       warpgroup_fence_operand(tSrS);
       release_k();
