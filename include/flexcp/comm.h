@@ -29,9 +29,13 @@ struct RecvOp {
 
 class FLEXCP_API CommHandle {
  public:
+  // A handle destroyed before wait() cancels what it can and completes the rest (with the same
+  // deadline) before it returns, so that no transfer touches its buffers afterwards.
   virtual ~CommHandle() = default;
   // Blocks until every operation completed; throws Error(kCommError) past the timeout.
   virtual void wait() = 0;
+  // After wait(): the bytes its receives took in, as the transport counted them (not as posted).
+  virtual std::size_t bytes_received() const = 0;
 };
 
 class FLEXCP_API Communicator {

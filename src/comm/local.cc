@@ -11,6 +11,7 @@ namespace {
 class LocalHandle final : public CommHandle {
  public:
   void wait() override {}
+  std::size_t bytes_received() const override { return 0; }
 };
 
 class LocalCommunicator final : public Communicator {

@@ -4,7 +4,10 @@
 
 #include <chrono>
 #include <climits>
+#include <cstdio>
 #include <cstdlib>
+#include <memory>
+#include <set>
 #include <string>
 #include <thread>
 
@@ -31,46 +34,104 @@ int count_of(std::size_t bytes) {
   return static_cast<int>(bytes);
 }
 
+// What the handles of one communicator share: the deadline, and the first failure seen (a wait
+// that timed out), after which an abandoned handle no longer waits for a peer that is gone.
+struct MpiState {
+  double timeout_s = 0;
+  int rank = 0;
+  std::string failure;
+};
+
+// After a failure, how long an abandoned handle still lets cancelled requests complete.
+constexpr double kGraceAfterFailureS = 0.5;
+
 class MpiHandle final : public CommHandle {
  public:
-  MpiHandle(std::vector<MPI_Request> requests, std::vector<int> peers, double timeout_s)
-      : requests_(std::move(requests)), peers_(std::move(peers)), timeout_s_(timeout_s) {}
+  // requests[0, num_recvs) are receives; peers[i] is request i's peer rank.
+  MpiHandle(std::vector<MPI_Request> requests, std::size_t num_recvs, std::vector<int> peers,
+            std::shared_ptr<MpiState> state)
+      : requests_(std::move(requests)),
+        num_recvs_(num_recvs),
+        peers_(std::move(peers)),
+        state_(std::move(state)) {}
+
   ~MpiHandle() override {
-    // An unfinished handle (an exception unwinding) must not leave MPI writing into freed buffers.
+    // NOTE: a cancelled request is not finished: MPI may still write into (or read from) its
+    // buffer until it completes, and a receive already matched cannot be cancelled at all. So
+    // cancel, then complete every request before the caller frees the buffers; where that cannot
+    // happen (a peer is gone), end the job instead of returning.
+    if (completed_) return;
     for (MPI_Request& r : requests_)
-      if (r != MPI_REQUEST_NULL) MPI_Cancel(&r), MPI_Request_free(&r);
+      if (r != MPI_REQUEST_NULL) MPI_Cancel(&r);
+    const double limit = state_->failure.empty() ? state_->timeout_s : kGraceAfterFailureS;
+    if (test_until(limit)) return;
+    const std::string why = state_->failure.empty()
+                                ? "transfers with rank(s) " + pending_peers() + " did not finish"
+                                : state_->failure;
+    std::fprintf(stderr,
+                 "flexcp: rank %d: %s: %s; ending the job, since MPI still holds buffers that are "
+                 "being released\n",
+                 state_->rank, status_string(Status::kCommError), why.c_str());
+    MPI_Abort(MPI_COMM_WORLD, 3);
   }
+
   void wait() override {
-    const auto deadline =
-        std::chrono::steady_clock::now() + std::chrono::duration<double>(timeout_s_);
+    if (completed_) return;
+    if (!test_until(state_->timeout_s)) {
+      const std::string message = "flexcp: waited " + std::to_string(state_->timeout_s) +
+                                  " s for transfers with rank(s) " + pending_peers() +
+                                  " (FLEXCP_COMM_TIMEOUT_S); a peer failed or is stuck";
+      if (state_->failure.empty()) state_->failure = message;
+      throw Error(Status::kCommError, message);
+    }
+    for (std::size_t i = 0; i < num_recvs_; ++i) {
+      int count = 0;
+      check(MPI_Get_count(&statuses_[i], MPI_BYTE, &count), "Get_count");
+      received_ += static_cast<std::size_t>(count);
+    }
+  }
+
+  std::size_t bytes_received() const override { return received_; }
+
+ private:
+  // Polls until every request completed (true) or `seconds` passed (false).
+  bool test_until(double seconds) {
+    statuses_.resize(requests_.size());
+    const auto deadline = std::chrono::steady_clock::now() + std::chrono::duration<double>(seconds);
     for (;;) {
       int done = 0;
       check(MPI_Testall(static_cast<int>(requests_.size()), requests_.data(), &done,
-                        MPI_STATUSES_IGNORE),
+                        statuses_.data()),
             "Testall");
-      if (done) return;
-      if (std::chrono::steady_clock::now() > deadline) {
-        std::string waiting;
-        for (std::size_t i = 0; i < requests_.size(); ++i)
-          if (requests_[i] != MPI_REQUEST_NULL)
-            waiting += (waiting.empty() ? "" : ", ") + std::to_string(peers_[i]);
-        throw Error(Status::kCommError, "flexcp: waited " + std::to_string(timeout_s_) +
-                                            " s for transfers with rank(s) " + waiting +
-                                            " (FLEXCP_COMM_TIMEOUT_S); a peer failed or is stuck");
-      }
+      if (done) return completed_ = true;
+      if (std::chrono::steady_clock::now() > deadline) return false;
       std::this_thread::sleep_for(std::chrono::microseconds(50));
     }
   }
 
- private:
+  // The distinct peers of unfinished requests, ascending.
+  std::string pending_peers() const {
+    std::set<int> pending;
+    for (std::size_t i = 0; i < requests_.size(); ++i)
+      if (requests_[i] != MPI_REQUEST_NULL) pending.insert(peers_[i]);
+    std::string list;
+    for (int p : pending) list += (list.empty() ? "" : ", ") + std::to_string(p);
+    return list;
+  }
+
   std::vector<MPI_Request> requests_;
+  std::size_t num_recvs_;
   std::vector<int> peers_;
-  double timeout_s_;
+  std::shared_ptr<MpiState> state_;
+  std::vector<MPI_Status> statuses_;
+  bool completed_ = false;
+  std::size_t received_ = 0;
 };
 
 class MpiCommunicator final : public Communicator {
  public:
-  explicit MpiCommunicator(double timeout_s) : timeout_s_(timeout_s) {
+  explicit MpiCommunicator(double timeout_s) : state_(std::make_shared<MpiState>()) {
+    state_->timeout_s = timeout_s;
     int initialized = 0;
     MPI_Initialized(&initialized);
     if (!initialized) {
@@ -84,6 +145,7 @@ class MpiCommunicator final : public Communicator {
     }
     MPI_Comm_rank(MPI_COMM_WORLD, &rank_);
     MPI_Comm_size(MPI_COMM_WORLD, &size_);
+    state_->rank = rank_;
     // MPI promises tags up to 32767 only; Open MPI allows 2^31 - 1. Checked per message below.
     int* ub = nullptr;
     int found = 0;
@@ -113,7 +175,7 @@ class MpiCommunicator final : public Communicator {
                       &requests.back()),
             "Isend");
     }
-    return std::make_unique<MpiHandle>(std::move(requests), std::move(peers), timeout_s_);
+    return std::make_unique<MpiHandle>(std::move(requests), recvs.size(), std::move(peers), state_);
   }
   void all_gather(const void* mine, std::size_t bytes, void* all) override {
     check(MPI_Allgather(mine, count_of(bytes), MPI_BYTE, all, count_of(bytes), MPI_BYTE,
@@ -146,7 +208,7 @@ class MpiCommunicator final : public Communicator {
                       std::to_string(tag_ub_) + " (too many transfer items in one plan)");
   }
 
-  double timeout_s_;
+  std::shared_ptr<MpiState> state_;
   int rank_ = 0, size_ = 1;
   int tag_ub_ = 32767;
 };

@@ -30,7 +30,57 @@ TEST(Tensor, Bf16RoundsToNearestEven) {
   EXPECT_EQ(bf16_to_float(float_to_bf16(1.0f + 3.0f / 256)), 1.0f + 4.0f / 256);
   EXPECT_TRUE(std::isnan(bf16_to_float(float_to_bf16(NAN))));
   EXPECT_EQ(bf16_to_float(float_to_bf16(-INFINITY)), -INFINITY);
-  EXPECT_EQ(fp16_to_float(float_to_fp16(0.1f)), static_cast<float>(static_cast<_Float16>(0.1f)));
+}
+
+// IEEE binary16 from its fields, written from the format's definition (not from a cast), so the
+// conversions below are checked against something they are not built from.
+double fp16_value(std::uint16_t bits) {
+  const int sign = bits >> 15, exponent = (bits >> 10) & 0x1f, mantissa = bits & 0x3ff;
+  const double magnitude =
+      exponent == 0 ? std::ldexp(mantissa, -24) : std::ldexp(1024 + mantissa, exponent - 25);
+  return sign ? -magnitude : magnitude;
+}
+
+TEST(Tensor, Fp16DecodesEveryPatternAndRoundTrips) {
+  for (std::uint32_t b = 0; b < 0x10000; ++b) {
+    const auto bits = static_cast<std::uint16_t>(b);
+    const bool special = ((bits >> 10) & 0x1f) == 0x1f;
+    if (special) {
+      const bool nan = (bits & 0x3ff) != 0;
+      EXPECT_EQ(std::isnan(fp16_to_float(bits)), nan) << std::hex << b;
+      if (!nan) {
+        EXPECT_EQ(fp16_to_float(bits), (bits >> 15) ? -INFINITY : INFINITY);
+      }
+      continue;
+    }
+    const double want = fp16_value(bits);
+    ASSERT_EQ(static_cast<double>(fp16_to_float(bits)), want) << std::hex << b;
+    ASSERT_EQ(float_to_fp16(static_cast<float>(want)), bits) << std::hex << b;
+  }
+}
+
+TEST(Tensor, Fp16RoundsToNearestEvenAndOverflowsToInfinity) {
+  // Between neighbours a < b (positive, finite): the midpoint goes to the even mantissa, anything
+  // nearer to one side goes there. Midpoints and their float neighbours are exact in fp32.
+  for (std::uint16_t a = 0; a < 0x7bff; ++a) {
+    const auto b = static_cast<std::uint16_t>(a + 1);
+    const float lo = static_cast<float>(fp16_value(a)), hi = static_cast<float>(fp16_value(b));
+    const float mid = (lo + hi) / 2;
+    ASSERT_EQ(float_to_fp16(mid), (a & 1) ? b : a) << "midpoint of " << std::hex << a;
+    ASSERT_EQ(float_to_fp16(std::nextafter(mid, 0.0f)), a) << std::hex << a;
+    ASSERT_EQ(float_to_fp16(std::nextafter(mid, INFINITY)), b) << std::hex << a;
+    ASSERT_EQ(float_to_fp16(-mid), ((a & 1) ? b : a) | 0x8000) << std::hex << a;
+  }
+  // 65504 is the largest finite value; 65520 (half-way to the next binade) and above overflow.
+  EXPECT_EQ(float_to_fp16(65504.0f), 0x7bff);
+  EXPECT_EQ(float_to_fp16(std::nextafter(65520.0f, 0.0f)), 0x7bff);
+  EXPECT_EQ(float_to_fp16(65520.0f), 0x7c00);
+  EXPECT_EQ(float_to_fp16(-1e30f), 0xfc00);
+  // Below half the smallest subnormal (2^-25), values flush to signed zero.
+  EXPECT_EQ(float_to_fp16(std::ldexp(1.0f, -25)), 0x0000);
+  EXPECT_EQ(float_to_fp16(std::nextafter(std::ldexp(1.0f, -25), 1.0f)), 0x0001);
+  EXPECT_EQ(float_to_fp16(-std::ldexp(1.0f, -26)), 0x8000);
+  EXPECT_TRUE(std::isnan(fp16_to_float(float_to_fp16(NAN))));
 }
 
 }  // namespace

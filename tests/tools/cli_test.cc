@@ -59,7 +59,18 @@ void save(const std::string& path, const test::Tensor& t) {
 TEST_F(Cli, AttnForwardAndBackwardMatchTheReference) {
   std::mt19937_64 rng(71);
   const std::int64_t tq = 150, tk = 170, hq = 4, hk = 2, d = 32;
-  const Mask mask = test::random_mask(rng, tq, tk);
+  // Random slices over rows [0, 100) and [120, 150); rows 100..119 attend nothing.
+  std::vector<Slice> slices = test::random_mask(rng, 100, tk).slices();
+  const Mask tail = test::random_mask(rng, 30, tk);
+  for (Slice s : tail.slices()) {
+    s.q = {s.q.begin + 120, s.q.end + 120};
+    slices.push_back(s);
+  }
+  const Mask mask(tq, tk, slices);
+  // The tool poisons its outputs: rows that attend nothing must still be written (0 and -inf).
+  std::int64_t empty_rows = 0;
+  for (std::int64_t x = 0; x < tq; ++x) empty_rows += mask.area({x, x + 1}, {0, tk}) == 0;
+  ASSERT_GT(empty_rows, 0) << "the test needs a mask with rows that attend nothing";
   mask.write_json_file(path("mask.json"));
   test::Tensor q = test::random_tensor(rng, DType::kFloat32, {tq, hq, d}),
                k = test::random_tensor(rng, DType::kFloat32, {tk, hk, d}),

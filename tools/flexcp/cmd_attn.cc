@@ -38,7 +38,7 @@ void save(const std::string& path, const HostTensor& t) {
   write_npy(path, t.shape(), t.to_float().data());
 }
 
-// The forward on the GPU: inputs copied over, outputs (poisoned there first) copied back.
+// The forward on the GPU: inputs and the poisoned outputs copied over, outputs copied back.
 void forward_on_device(const HostTensor& q, const HostTensor& k, const HostTensor& v,
                        const Mask& mask, HostTensor& out, HostTensor& lse,
                        const AttentionOptions& options) {
@@ -61,6 +61,8 @@ void run_attn(const AttnArgs& a) {
              v = load(a.v, dtype, 3, "v");
   std::vector<std::int64_t> lse_shape = {q.shape()[0], q.shape()[1]};
   HostTensor out(dtype, q.shape()), lse(DType::kFloat32, lse_shape);
+  out.poison();
+  lse.poison();
   AttentionOptions options;
   options.scale = a.scale;
   options.softcap = a.softcap;
@@ -84,6 +86,8 @@ void run_attn(const AttnArgs& a) {
   HostTensor dq(dtype, q.shape()), dk(dtype, k.shape()), dv(dtype, v.shape());
   std::optional<HostTensor> dsink;
   if (sink) dsink.emplace(DType::kFloat32, sink->shape());
+  for (HostTensor* t : {&dq, &dk, &dv}) t->poison();
+  if (dsink) dsink->poison();
   backward(dout.view(), q.view(), k.view(), v.view(), out.view(), lse.view(), mask, dq.view(),
            dk.view(), dv.view(), options, dsink ? dsink->view() : TensorView{});
   save(a.dq, dq);

@@ -1,5 +1,7 @@
 #include "host_tensor.h"
 
+#include <limits>
+
 #include "core/dtype.h"
 #include "flexcp/status.h"
 
@@ -30,6 +32,11 @@ void HostTensor::assign(const std::vector<float>& values) {
 void HostTensor::fill_uniform(std::mt19937_64& rng, float amplitude) {
   std::uniform_real_distribution<float> u(-amplitude, amplitude);
   for (std::int64_t i = 0; i < numel(); ++i) store_float(view_.data, view_.dtype, i, u(rng));
+}
+
+void HostTensor::poison() {
+  for (std::int64_t i = 0; i < numel(); ++i)
+    store_float(view_.data, view_.dtype, i, std::numeric_limits<float>::quiet_NaN());
 }
 
 std::vector<float> HostTensor::to_float() const {

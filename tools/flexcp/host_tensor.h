@@ -18,6 +18,8 @@ class HostTensor {
   // Values rounded to the dtype.
   void assign(const std::vector<float>& values);
   void fill_uniform(std::mt19937_64& rng, float amplitude);
+  // NaN everywhere: an output the kernel does not write shows as NaN instead of a plausible 0.
+  void poison();
   std::vector<float> to_float() const;
 
  private:
