@@ -3,8 +3,10 @@
 // Shapes (packed THD layout): q [Tq, Hq, D], k and v [Tk, Hk, D], out [Tq, Hq, D], lse [Tq, Hq]
 // (fp32, natural log). Hq % Hk == 0 (grouped-query attention). q, k, v, out, dout, dq, dk, dv
 // share one dtype (fp32, bf16 or fp16); accumulation is fp32. Outputs are written, never read.
+// Every tensor lives on one device: host memory, or one CUDA device (the sink too).
 #pragma once
 
+#include "flexcp/attention_plan.h"
 #include "flexcp/export.h"
 #include "flexcp/mask.h"
 #include "flexcp/tensor.h"
@@ -16,7 +18,8 @@ struct AttentionOptions {
   double scale = 0.0;
   // When > 0, logits become softcap * tanh(logit / softcap).
   double softcap = 0.0;
-  // Optional per-head sink logits, fp32 [Hq]: exp(sink[h]) joins each row's denominator only.
+  // Optional per-head sink logits, fp32 [Hq] on the device of q: exp(sink[h]) joins each row's
+  // denominator only.
   TensorView sink;
   // For device tensors: the cudaStream_t the kernel runs on (null: the legacy default stream).
   // The call returns once the work is queued; results are ready when the stream reaches it.
@@ -25,12 +28,26 @@ struct AttentionOptions {
 
 // out[q] = sum_k softmax_k(s(q, k)) v[k] over the keys q attends; lse[q] = log sum_k exp(s(q, k))
 // (plus exp(sink) when given). A row that attends no key gets out = 0 and lse = -inf.
+// The tensors must match the plan's shape. Device plans need a bound workspace.
+FLEXCP_API void forward(const AttentionPlan& plan, const TensorView& q, const TensorView& k,
+                        const TensorView& v, const TensorView& out, const TensorView& lse,
+                        const AttentionOptions& options = {});
+
+// Gradients of forward. out and lse are forward's outputs. dsink (fp32 [Hq], on q's device) is
+// written when the options carry a sink and dsink is not empty. Deterministic: the same inputs
+// give the same bits.
+FLEXCP_API void backward(const AttentionPlan& plan, const TensorView& dout, const TensorView& q,
+                         const TensorView& k, const TensorView& v, const TensorView& out,
+                         const TensorView& lse, const TensorView& dq, const TensorView& dk,
+                         const TensorView& dv, const AttentionOptions& options = {},
+                         const TensorView& dsink = {});
+
+// The same on a mask, planning on every call (and, for device tensors, with a workspace
+// allocated and copied in stream order per call). Repeated calls over one mask, every layer of a
+// model, should plan once instead.
 FLEXCP_API void forward(const TensorView& q, const TensorView& k, const TensorView& v,
                         const Mask& mask, const TensorView& out, const TensorView& lse,
                         const AttentionOptions& options = {});
-
-// Gradients of forward. out and lse are forward's outputs. dsink (fp32 [Hq]) is written when the
-// options carry a sink and dsink is not empty. Deterministic: the same inputs give the same bits.
 FLEXCP_API void backward(const TensorView& dout, const TensorView& q, const TensorView& k,
                          const TensorView& v, const TensorView& out, const TensorView& lse,
                          const Mask& mask, const TensorView& dq, const TensorView& dk,

@@ -12,7 +12,9 @@
 // spans below rely on it.
 #pragma once
 
+#include <cstddef>
 #include <cstdint>
+#include <vector>
 
 #include "flexcp/export.h"
 #include "flexcp/mask.h"
@@ -84,6 +86,10 @@ FLEXCP_HOST_DEVICE inline TileSpan band_tile_span(const Band& band, std::int64_t
 // The band of one slice over global (q, k) coordinates.
 FLEXCP_API Band slice_band(const Slice& slice);
 
+// The mask's slices as trimmed bands, empty ones left out, in slice order: how every consumer of
+// a mask (plans, work lists, kernels) sees it.
+FLEXCP_API std::vector<Band> mask_bands(const Mask& mask);
+
 // The band with its rows cut to the non-empty ones (row_begin == row_end when it has none).
 FLEXCP_API Band trim_band(const Band& band);
 
@@ -93,6 +99,14 @@ FLEXCP_API Band transpose_band(const Band& band);
 
 // Cells in both bands.
 FLEXCP_API Band intersect_bands(const Band& a, const Band& b);
+
+// The first pair of bands found to share a cell (bands trimmed), and the cells they share.
+struct BandOverlap {
+  bool found = false;
+  std::size_t first = 0, second = 0;  // indices into the bands, first < second
+  Band cells;                         // trimmed: cells.row_begin is a shared row
+};
+FLEXCP_API BandOverlap find_overlap(const std::vector<Band>& bands);
 
 // Number of cells of `band` in rows [x0, x1) and columns [y0, y1).
 FLEXCP_API std::int64_t band_area(const Band& band, std::int64_t x0, std::int64_t x1,

@@ -2,6 +2,16 @@
 // (the plan's dispatch), receives exactly the remote K/V its work needs in stages that overlap with
 // compute, and merges partial results through their LSE. The backward returns dK/dV partials of
 // received K/V to their owners (group-reduce).
+//
+// One DistAttention per mask serves any number of layers: each forward returns a DistContext that
+// owns what its backward needs (the K/V columns it gathered), so backwards may run in any order:
+//
+//   DistContext c1 = attn.forward(q1, k1, v1, out1, lse1);
+//   DistContext c2 = attn.forward(q2, k2, v2, out2, lse2);
+//   attn.backward(c2, dout2, q2, out2, lse2, dq2, dk2, dv2);
+//   attn.backward(c1, dout1, q1, out1, lse1, dq1, dk1, dv1);
+//
+// Tensors are host memory (the GPU runtime is not built yet); a device tensor is an error.
 #pragma once
 
 #include <cstdint>
@@ -17,7 +27,8 @@
 namespace flexcp {
 
 struct DistAttentionOptions {
-  // world_size, heads and head_dim come from the communicator and the shapes; the rest is used.
+  // world_size, heads, head_dim and dtype come from the communicator and the arguments; the rest
+  // is used.
   PlanOptions plan;
   AttentionOptions attention;
 };
@@ -27,8 +38,9 @@ struct StageTiming {
   double compute_ms = 0;  // the kernel on this stage's work
 };
 
+// What one forward (and the backward that took its context) moved and how long it took.
 struct DistStats {
-  std::int64_t fwd_bytes_received = 0;  // K and V, in the input dtype
+  std::int64_t fwd_bytes_received = 0;  // K and V, in the input dtype, as the transport counted
   std::int64_t fwd_bytes_sent = 0;
   std::int64_t bwd_bytes_received = 0;  // dK and dV partials, fp32
   std::int64_t bwd_bytes_sent = 0;
@@ -37,17 +49,37 @@ struct DistStats {
   double forward_ms = 0, backward_ms = 0;
 };
 
+// What a forward hands its backward. Movable, not copyable; empty when default-constructed or
+// moved from. It belongs to the DistAttention that made it.
+class FLEXCP_API DistContext {
+ public:
+  DistContext();
+  DistContext(DistContext&&) noexcept;
+  DistContext& operator=(DistContext&&) noexcept;
+  ~DistContext();
+  bool empty() const;
+  const DistStats& stats() const;  // the forward's, and the backward's once it ran
+
+  struct State;
+
+ private:
+  explicit DistContext(std::unique_ptr<State> state);
+  std::unique_ptr<State> state_;
+  friend class DistAttention;
+};
+
 class FLEXCP_API DistAttention {
  public:
-  // Plans for `mask` on comm.size() ranks. Every rank must pass the same mask, shapes and options:
-  // this is checked (an all-gather of a fingerprint) before any data moves. `comm` must outlive
-  // this object.
+  // Plans for `mask` on comm.size() ranks: the dispatch, then this rank's own plan. Every rank
+  // must pass the same mask, shapes and options: this is checked (an all-gather of a fingerprint)
+  // before any data moves. `comm` must outlive this object.
   DistAttention(const Mask& mask, Communicator& comm, std::int64_t heads_q, std::int64_t heads_kv,
                 std::int64_t head_dim, DType dtype, const DistAttentionOptions& options = {});
   ~DistAttention();
   DistAttention(const DistAttention&) = delete;
   DistAttention& operator=(const DistAttention&) = delete;
 
+  // This rank's plan (and the dispatch every rank shares).
   const Plan& plan() const;
   int rank() const;
   std::int64_t local_q_tokens() const;
@@ -63,24 +95,22 @@ class FLEXCP_API DistAttention {
   void undispatch_kv(const TensorView& local, const TensorView& global);
 
   // Local shards: q [Tq_local, Hq, D], k and v [Tk_local, Hk, D], out [Tq_local, Hq, D] (input
-  // dtype), lse [Tq_local, Hq] fp32. Collective.
-  void forward(const TensorView& q, const TensorView& k, const TensorView& v, const TensorView& out,
-               const TensorView& lse);
-  // Gradients of forward; dk and dv are this rank's own K/V rows, with every rank's partials
-  // summed.
-  // dsink (fp32 [Hq], host) receives the sink gradient summed over all ranks when the options carry
-  // a sink and dsink is given.
-  void backward(const TensorView& dout, const TensorView& q, const TensorView& k,
-                const TensorView& v, const TensorView& out, const TensorView& lse,
-                const TensorView& dq, const TensorView& dk, const TensorView& dv,
-                const TensorView& dsink = {});
+  // dtype), lse [Tq_local, Hq] fp32. Collective. The context keeps the K/V columns this rank's
+  // work read (its own and the received ones), so k and v may change once it returns.
+  DistContext forward(const TensorView& q, const TensorView& k, const TensorView& v,
+                      const TensorView& out, const TensorView& lse);
+  // Gradients of the forward that returned `context`: q, out and lse are that forward's; dk and
+  // dv are this rank's own K/V rows, with every rank's partials summed. dsink (fp32 [Hq]) receives
+  // the sink gradient summed over all ranks when the options carry a sink and dsink is given.
+  // Collective. A context from another DistAttention, or an empty one, is an error.
+  void backward(DistContext& context, const TensorView& dout, const TensorView& q,
+                const TensorView& out, const TensorView& lse, const TensorView& dq,
+                const TensorView& dk, const TensorView& dv, const TensorView& dsink = {});
 
   // The K/V columns this rank's work reads, [own rows, then received ranges in stage order]:
   // k_buffer and v_buffer are [Tk_local + received, Hk, D] in the input dtype. Collective.
   void gather_kv(const TensorView& k, const TensorView& v, const TensorView& k_buffer,
                  const TensorView& v_buffer);
-
-  const DistStats& stats() const;
 
  private:
   struct Impl;

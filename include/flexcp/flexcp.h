@@ -2,6 +2,7 @@
 #pragma once
 
 #include "flexcp/attention.h"
+#include "flexcp/attention_plan.h"
 #include "flexcp/band.h"
 #include "flexcp/comm.h"
 #include "flexcp/dist_attention.h"

@@ -1,57 +1,110 @@
-// Public entry points: check the arguments, then dispatch on the device.
+// Public entry points: check the arguments against the plan, then dispatch on the device. The
+// mask entries plan first (and, on the GPU, bind a workspace for the one call).
 #include "flexcp/attention.h"
 
 #include "core/checks.h"
 #include "flexcp/status.h"
 #include "kernels/cpu/cpu_attention.h"
+#include "kernels/plan/attention_plan_impl.h"
 #if defined(FLEXCP_WITH_CUDA)
+#include "kernels/cuda/runtime.h"
 #include "kernels/sm90/sm90_forward.h"
 #endif
 
 namespace flexcp {
 namespace {
 
-std::vector<Band> mask_work(const Mask& mask) {
-  std::vector<Band> work;
-  work.reserve(mask.slices().size());
-  for (const Slice& s : mask.slices()) work.push_back(slice_band(s));
-  return work;
+const AttentionPlan::Impl& plan_of(const std::string& fn, const AttentionPlan& plan) {
+  if (plan.empty())
+    throw Error(Status::kInvalidUsage,
+                fn + ": the plan is empty (default-constructed or moved from)");
+  return plan.impl();
 }
 
-[[noreturn]] void no_device_kernel(const char* fn, const char* why) {
-  throw Error(Status::kNotCompiled,
-              std::string(fn) + ": " + why + "; pass tensors in host memory (device cpu)");
+// Runs `run` with a workspace for `plan` that lives for this call only, allocated and released in
+// order on the stream (the mask entries' convenience; plans that are reused bind once).
+template <class Run>
+void with_call_workspace(AttentionPlan& plan, void* stream, Run&& run) {
+#if defined(FLEXCP_WITH_CUDA)
+  const std::string fn = "flexcp::forward";
+  const cuda::DeviceGuard guard(plan.shape().device_index, fn);
+  auto st = static_cast<cudaStream_t>(stream);
+  void* workspace = nullptr;
+  cuda::check(cudaMallocAsync(&workspace, plan.workspace_bytes(), st), fn,
+              "cudaMallocAsync (the call's workspace)");
+  try {
+    plan.bind_workspace(workspace, plan.workspace_bytes(), stream);
+    run();
+  } catch (...) {
+    cudaFreeAsync(workspace, st);
+    throw;
+  }
+  cuda::check(cudaFreeAsync(workspace, st), fn, "cudaFreeAsync (the call's workspace)");
+#else
+  (void)plan, (void)stream, (void)run;
+#endif
 }
 
 }  // namespace
 
+void forward(const AttentionPlan& plan, const TensorView& q, const TensorView& k,
+             const TensorView& v, const TensorView& out, const TensorView& lse,
+             const AttentionOptions& options) {
+  const ArgChecker c("flexcp::forward");
+  const AttentionPlan::Impl& p = plan_of(c.fn(), plan);
+  const CallShape s = check_forward(c, p.shape, q, k, v, out, lse, options);
+#if defined(FLEXCP_WITH_CUDA)
+  if (s.device == Device::kCuda) return sm90::forward(s, p, q, k, v, out, lse, options);
+#endif
+  // A CUDA plan cannot exist in a build without CUDA kernels (the plan refused it).
+  cpu::forward(s, p, q, k, v, out, lse, options);
+}
+
+void backward(const AttentionPlan& plan, const TensorView& dout, const TensorView& q,
+              const TensorView& k, const TensorView& v, const TensorView& out,
+              const TensorView& lse, const TensorView& dq, const TensorView& dk,
+              const TensorView& dv, const AttentionOptions& options, const TensorView& dsink) {
+  const ArgChecker c("flexcp::backward");
+  const AttentionPlan::Impl& p = plan_of(c.fn(), plan);
+  const CallShape s =
+      check_backward(c, p.shape, dout, q, k, v, out, lse, dq, dk, dv, options, dsink);
+  if (s.device != Device::kCpu)
+    throw Error(Status::kNotCompiled,
+                c.fn() +
+                    ": the CUDA backward is not written yet; pass tensors in host memory "
+                    "(device cpu)");
+  cpu::backward(s, p, dout, q, k, v, out, lse, dq, dk, dv, options, dsink);
+}
+
 void forward(const TensorView& q, const TensorView& k, const TensorView& v, const Mask& mask,
              const TensorView& out, const TensorView& lse, const AttentionOptions& options) {
-  const AttentionShape s =
-      check_forward_args("flexcp::forward", q, k, v, mask, out, lse, options, false);
-  if (s.device == Device::kCuda) {
-#if defined(FLEXCP_WITH_CUDA)
-    if (s.dtype == DType::kFloat32)
-      throw Error(Status::kNotCompiled,
-                  "flexcp::forward: q has dtype fp32; the CUDA kernel takes bf16 or fp16");
-    sm90::forward(s, q, k, v, mask_work(mask), out, lse, options);
-    return;
-#else
-    no_device_kernel("flexcp::forward", "this build has no CUDA kernels (configured without CUDA)");
-#endif
-  }
-  cpu::forward(s, q, k, v, mask_work(mask), out, lse, options);
+  const ArgChecker c("flexcp::forward");
+  const AttentionShape shape = read_shape(c, q, k, v);
+  check_mask(c, shape, mask);
+  check_forward(c, shape, q, k, v, out, lse, options);  // every argument named before planning
+  AttentionPlan plan = make_attention_plan(mask_bands(mask), shape, "flexcp::forward");
+  if (shape.device == Device::kCuda)
+    with_call_workspace(plan, options.cuda_stream,
+                        [&] { forward(plan, q, k, v, out, lse, options); });
+  else
+    forward(plan, q, k, v, out, lse, options);
 }
 
 void backward(const TensorView& dout, const TensorView& q, const TensorView& k, const TensorView& v,
               const TensorView& out, const TensorView& lse, const Mask& mask, const TensorView& dq,
               const TensorView& dk, const TensorView& dv, const AttentionOptions& options,
               const TensorView& dsink) {
-  const AttentionShape s = check_backward_args("flexcp::backward", dout, q, k, v, out, lse, mask,
-                                               dq, dk, dv, options, dsink, false);
-  if (s.device != Device::kCpu)
-    no_device_kernel("flexcp::backward", "the CUDA backward is not written yet");
-  cpu::backward(s, dout, q, k, v, out, lse, mask_work(mask), dq, dk, dv, options, dsink);
+  const ArgChecker c("flexcp::backward");
+  const AttentionShape shape = read_shape(c, q, k, v);
+  check_mask(c, shape, mask);
+  check_backward(c, shape, dout, q, k, v, out, lse, dq, dk, dv, options, dsink);
+  if (shape.device != Device::kCpu)
+    throw Error(Status::kNotCompiled,
+                c.fn() +
+                    ": the CUDA backward is not written yet; pass tensors in host memory "
+                    "(device cpu)");
+  backward(make_attention_plan(mask_bands(mask), shape, "flexcp::backward"), dout, q, k, v, out,
+           lse, dq, dk, dv, options, dsink);
 }
 
 }  // namespace flexcp

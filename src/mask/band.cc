@@ -1,6 +1,7 @@
 #include "flexcp/band.h"
 
 #include <algorithm>
+#include <set>
 
 namespace flexcp {
 namespace {
@@ -89,6 +90,16 @@ Band slice_band(const Slice& s) {
   return normalized(b);
 }
 
+std::vector<Band> mask_bands(const Mask& mask) {
+  std::vector<Band> bands;
+  bands.reserve(mask.slices().size());
+  for (const Slice& s : mask.slices()) {
+    const Band b = trim_band(slice_band(s));
+    if (b.row_begin < b.row_end) bands.push_back(b);
+  }
+  return bands;
+}
+
 Band trim_band(const Band& band) {
   std::int64_t first = band.row_end, last = band.row_begin - 1;
   for_each_linear_piece(band, band.row_begin, band.row_end, -kFar, kFar,
@@ -165,6 +176,60 @@ std::int64_t band_area(const Band& band, std::int64_t x0, std::int64_t x1, std::
                           total += sum_positive(a, b, c, d);
                         });
   return total;
+}
+
+// Shamos-Hoey sweep over rows. While no two bands overlap, the column intervals of the bands
+// active in a row are disjoint, and since interval ends move right by at most one per row their
+// order never changes; the first overlap is therefore between neighbours in that order. So it
+// suffices to test each pair that becomes adjacent (on insertion and removal) over all its common
+// rows: O(n log n) for n bands.
+BandOverlap find_overlap(const std::vector<Band>& bands) {
+  const std::size_t n = bands.size();
+  struct Event {
+    std::int64_t row;
+    int insert;  // removals (0) sort before insertions (1) at the same row
+    std::size_t band;
+  };
+  std::vector<Event> events;
+  events.reserve(2 * n);
+  for (std::size_t i = 0; i < n; ++i) {
+    if (bands[i].row_begin >= bands[i].row_end) continue;
+    events.push_back({bands[i].row_begin, 1, i});
+    events.push_back({bands[i].row_end, 0, i});
+  }
+  std::sort(events.begin(), events.end(), [](const Event& a, const Event& b) {
+    return a.row != b.row ? a.row < b.row : a.insert < b.insert;
+  });
+
+  std::int64_t row = 0;
+  auto by_begin = [&](std::size_t a, std::size_t b) {
+    const std::int64_t ba = bands[a].begin(row), bb = bands[b].begin(row);
+    return ba != bb ? ba < bb : a < b;
+  };
+  std::set<std::size_t, decltype(by_begin)> active(by_begin);
+  std::vector<decltype(active)::iterator> where(n);
+  BandOverlap found;
+  auto check_pair = [&](std::size_t a, std::size_t b) {
+    const Band both = intersect_bands(bands[a], bands[b]);
+    if (band_area(both, both.row_begin, both.row_end, both.begin_min, both.end_max) == 0)
+      return false;
+    found = {true, std::min(a, b), std::max(a, b), trim_band(both)};
+    return true;
+  };
+  for (const Event& e : events) {
+    row = e.row;
+    if (e.insert) {
+      auto it = active.insert(e.band).first;
+      where[e.band] = it;
+      if (it != active.begin() && check_pair(*std::prev(it), e.band)) return found;
+      if (std::next(it) != active.end() && check_pair(e.band, *std::next(it))) return found;
+    } else {
+      auto next = active.erase(where[e.band]);
+      if (next != active.begin() && next != active.end() && check_pair(*std::prev(next), *next))
+        return found;
+    }
+  }
+  return found;
 }
 
 }  // namespace flexcp

@@ -1,7 +1,6 @@
 #include "flexcp/mask.h"
 
 #include <algorithm>
-#include <set>
 #include <sstream>
 
 #include "flexcp/band.h"
@@ -32,20 +31,14 @@ void check_range(std::size_t index, const char* name, Range r, std::int64_t seql
   }
 }
 
-[[noreturn]] void fail_overlap(std::size_t a, std::size_t b, const Band& both) {
+[[noreturn]] void fail_overlap(std::size_t a, std::size_t b, const Band& cells) {
   if (a > b) std::swap(a, b);
-  const Band cells = trim_band(both);
   std::ostringstream os;
   os << "slices " << a << " and " << b << " both cover the pair (q=" << cells.row_begin
      << ", k=" << cells.begin(cells.row_begin) << "); a mask's slices must not overlap";
   fail(os.str());
 }
 
-// Shamos-Hoey sweep over q rows. While no two slices overlap, the k intervals of the slices active
-// in a row are disjoint, and since interval ends move right by at most one per row their order
-// never changes; the first overlap is therefore between neighbours in that order. So it suffices
-// to test each pair that becomes adjacent (on insertion and removal) over all its common rows:
-// O(n log n) for n slices.
 void check_no_overlap(const std::vector<Slice>& slices) {
   std::vector<Band> bands;
   std::vector<std::size_t> owner;
@@ -53,47 +46,8 @@ void check_no_overlap(const std::vector<Slice>& slices) {
     Band b = trim_band(slice_band(slices[i]));
     if (b.row_begin < b.row_end) bands.push_back(b), owner.push_back(i);
   }
-  const std::size_t n = bands.size();
-  struct Event {
-    std::int64_t row;
-    int insert;  // removals (0) sort before insertions (1) at the same row
-    std::size_t band;
-  };
-  std::vector<Event> events;
-  events.reserve(2 * n);
-  for (std::size_t i = 0; i < n; ++i) {
-    events.push_back({bands[i].row_begin, 1, i});
-    events.push_back({bands[i].row_end, 0, i});
-  }
-  std::sort(events.begin(), events.end(), [](const Event& a, const Event& b) {
-    return a.row != b.row ? a.row < b.row : a.insert < b.insert;
-  });
-
-  std::int64_t row = 0;
-  auto by_begin = [&](std::size_t a, std::size_t b) {
-    const std::int64_t ba = bands[a].begin(row), bb = bands[b].begin(row);
-    return ba != bb ? ba < bb : a < b;
-  };
-  std::set<std::size_t, decltype(by_begin)> active(by_begin);
-  std::vector<decltype(active)::iterator> where(n);
-  auto check_pair = [&](std::size_t a, std::size_t b) {
-    const Band both = intersect_bands(bands[a], bands[b]);
-    if (band_area(both, both.row_begin, both.row_end, both.begin_min, both.end_max) > 0)
-      fail_overlap(owner[a], owner[b], both);
-  };
-  for (const Event& e : events) {
-    row = e.row;
-    if (e.insert) {
-      auto it = active.insert(e.band).first;
-      where[e.band] = it;
-      if (it != active.begin()) check_pair(*std::prev(it), e.band);
-      if (std::next(it) != active.end()) check_pair(e.band, *std::next(it));
-    } else {
-      auto it = where[e.band];
-      auto next = active.erase(it);
-      if (next != active.begin() && next != active.end()) check_pair(*std::prev(next), *next);
-    }
-  }
+  if (const BandOverlap o = find_overlap(bands); o.found)
+    fail_overlap(owner[o.first], owner[o.second], o.cells);
 }
 
 }  // namespace

@@ -1,5 +1,5 @@
 // The peers on the same mask and cost model: ring attention with zigzag balancing, Ulysses
-// (all-to-all over heads) and all-gather of K/V.
+// (all-to-all over heads), all-gather of K/V, and MagiAttention's default dispatch.
 #include <algorithm>
 
 #include "plan/plan_internal.h"
@@ -9,9 +9,8 @@ namespace {
 
 // Ring with zigzag: 2W equal chunks; rank r holds chunks r and 2W-1-r (q and K/V). In step s it
 // computes its queries against the K/V of rank (r - s) mod W, while receiving the next block.
-BaselineFigures ring_zigzag(const std::vector<Band>& bands, const Plan& plan, std::int64_t tq,
+BaselineFigures ring_zigzag(const std::vector<Band>& bands, const PlanOptions& o, std::int64_t tq,
                             std::int64_t tk) {
-  const PlanOptions& o = plan.options;
   const int w = o.world_size;
   const std::vector<Range> qc = equal_chunks(tq, 2 * w), kc = equal_chunks(tk, 2 * w);
   auto holder = [w](std::int64_t chunk) {
@@ -56,40 +55,96 @@ BaselineFigures ring_zigzag(const std::vector<Band>& bands, const Plan& plan, st
   return f;
 }
 
+bool one_node(const PlanOptions& o) {
+  return o.gpus_per_node == 0 || o.gpus_per_node >= o.world_size;
+}
+
+double link_gbps(const PlanOptions& o) {
+  return one_node(o) ? o.cost.intra_node_gbps : o.cost.inter_node_gbps;
+}
+
 }  // namespace
 
-void price_baselines(const Mask& mask, const std::vector<Band>& bands, Plan& plan) {
-  const PlanOptions& o = plan.options;
-  const int w = o.world_size;
-  const std::int64_t tq = mask.seqlen_q(), tk = mask.seqlen_k();
-  const bool one_node = o.gpus_per_node == 0 || o.gpus_per_node >= w;
-  plan.ring = ring_zigzag(bands, plan, tq, tk);
+BaselineFigures ring_baseline(const std::vector<Band>& bands, const Mask& mask,
+                              const PlanOptions& o) {
+  return ring_zigzag(bands, o, mask.seqlen_q(), mask.seqlen_k());
+}
 
-  // Ulysses: all-to-all of q, k, v before and out after; each rank then has every token for
-  // Hq / W heads, so compute is perfectly balanced, but nothing overlaps the all-to-alls.
-  BaselineFigures& u = plan.ulysses;
+// Ulysses: all-to-all of q, k, v before and out after; each rank then has every token for
+// Hq / W heads, so compute is perfectly balanced, but nothing overlaps the all-to-alls.
+BaselineFigures ulysses_baseline(const Mask& mask, const PlanOptions& o) {
+  const int w = o.world_size;
+  BaselineFigures u;
   u.applicable = o.heads_q % w == 0 && (o.heads_kv % w == 0 || w % o.heads_kv == 0);
-  const std::int64_t per_token = (2 * o.heads_q + 2 * o.heads_kv) * o.head_dim * o.element_bytes;
-  u.comm_bytes_fwd = static_cast<std::int64_t>(static_cast<double>(w - 1) / w *
-                                               static_cast<double>(std::max(tq, tk) * per_token));
-  const double gbps = one_node ? o.cost.intra_node_gbps : o.cost.inter_node_gbps;
-  const double a2a_us = static_cast<double>(u.comm_bytes_fwd) / w / (gbps * 1e9) * 1e6;
-  const double work_us = compute_us(mask.area(), o) / w;
-  u.predicted_us = a2a_us + work_us;
+  const std::int64_t per_token = (2 * o.heads_q + 2 * o.heads_kv) * o.head_dim *
+                                 static_cast<std::int64_t>(dtype_size(o.dtype));
+  u.comm_bytes_fwd = static_cast<std::int64_t>(
+      static_cast<double>(w - 1) / w *
+      static_cast<double>(std::max(mask.seqlen_q(), mask.seqlen_k()) * per_token));
+  const double a2a_us = static_cast<double>(u.comm_bytes_fwd) / w / (link_gbps(o) * 1e9) * 1e6;
+  u.predicted_us = a2a_us + compute_us(mask.area(), o) / w;
   u.imbalance = 1.0;
   u.idle_fraction = u.predicted_us > 0 ? a2a_us / u.predicted_us : 0.0;
+  return u;
+}
 
-  // All-gather: every rank receives all K/V it does not hold, then computes flexcp's dispatch.
-  BaselineFigures& g = plan.allgather;
+// All-gather: every rank receives all K/V it does not hold, then computes flexcp's dispatch.
+BaselineFigures allgather_baseline(const Mask& mask, const PlanReport& report) {
+  const PlanOptions& o = report.options;
+  const int w = o.world_size;
+  const std::int64_t tk = mask.seqlen_k();
+  BaselineFigures g;
   g.comm_bytes_fwd = static_cast<std::int64_t>(w - 1) * tk * kv_bytes_per_token(o);
   const double gather_us =
-      static_cast<double>(tk) * (w - 1) / w * kv_bytes_per_token(o) / (gbps * 1e9) * 1e6;
+      static_cast<double>(tk) * (w - 1) / w * kv_bytes_per_token(o) / (link_gbps(o) * 1e9) * 1e6;
   double worst = 0, sum = 0;
-  for (const RankPlan& r : plan.ranks)
-    worst = std::max(worst, compute_us(r.area, o)), sum += compute_us(r.area, o);
-  g.imbalance = plan.imbalance;
+  for (std::int64_t a : report.dispatch.rank_area)
+    worst = std::max(worst, compute_us(a, o)), sum += compute_us(a, o);
+  g.imbalance = report.dispatch.imbalance;
   g.predicted_us = gather_us + worst;
   g.idle_fraction = g.predicted_us > 0 ? 1.0 - sum / (w * g.predicted_us) : 0.0;
+  return g;
+}
+
+// MagiAttention's default: chunks of ceil(T / 8W) tokens, largest first to the least-loaded rank
+// with room, zero-redundancy K/V (each rank receives exactly the remote columns it attends),
+// priced with the same stages and cost model as flexcp's own plan. Self-attention only.
+BaselineFigures magi_baseline(const std::vector<Band>& bands, const Mask& mask,
+                              const PlanOptions& o) {
+  BaselineFigures m;
+  const std::int64_t tq = mask.seqlen_q();
+  const int w = o.world_size;
+  if (tq != mask.seqlen_k() || tq < w) {
+    m.applicable = false;
+    return m;
+  }
+  const std::int64_t size = (tq + 8 * std::int64_t{w} - 1) / (8 * std::int64_t{w});
+  const std::int64_t n = (tq + size - 1) / size;
+  std::vector<Range> chunks(n);
+  for (std::int64_t i = 0; i < n; ++i) chunks[i] = {i * size, std::min((i + 1) * size, tq)};
+  const ChunkIndex index = index_bands(bands, chunks);
+  const std::vector<std::int64_t> costs = chunk_costs(bands, index);
+  KvLayout kv{chunks, assign_longest_first(costs, w)};
+  std::vector<std::vector<std::int64_t>> mine(w);
+  for (std::int64_t c = 0; c < n; ++c) mine[kv.owner[c]].push_back(c);
+  std::int64_t total = 0, worst = 0, tokens = 0;
+  double slowest = 0, busy = 0;
+  for (int r = 0; r < w; ++r) {
+    std::vector<Piece> pieces = remote_pieces(attended_spans(bands, index, mine[r]), kv, r);
+    const std::int64_t local = piece_areas(bands, index, mine[r], pieces);
+    std::int64_t area = local;
+    for (const Piece& p : pieces) area += p.area, tokens += p.tokens.size();
+    total += area;
+    worst = std::max(worst, area);
+    const Staging st = price_pieces(local, pieces, r, o);
+    slowest = std::max(slowest, simulate(st, std::max(choose_stages(st, o), 1), o).total_us);
+    busy += compute_us(area, o);
+  }
+  m.comm_bytes_fwd = tokens * kv_bytes_per_token(o);
+  m.imbalance = total > 0 ? static_cast<double>(worst) / (static_cast<double>(total) / w) : 1.0;
+  m.predicted_us = slowest;
+  m.idle_fraction = slowest > 0 ? 1.0 - busy / (w * slowest) : 0.0;
+  return m;
 }
 
 }  // namespace flexcp::plan_detail

@@ -5,6 +5,7 @@
 #include <numeric>
 #include <queue>
 #include <set>
+#include <string>
 #include <tuple>
 
 #include "flexcp/status.h"
@@ -13,12 +14,20 @@
 namespace flexcp::plan_detail {
 namespace {
 
-// About this many chunks per rank when the caller does not choose: enough granularity to balance
-// uneven masks, few enough that K/V ranges stay long. Chunks are multiples of a kernel tile.
-constexpr std::int64_t kChunksPerRank = 16;
-constexpr std::int64_t kChunkAlign = 128;
 constexpr std::int64_t kRunLength = 4;  // chunks placed together before single chunks are balanced
 constexpr double kBalanceTolerance = 0.002;  // refinement stops at max rank cost <= mean * 1.002
+
+[[noreturn]] void fail(const std::string& message) {
+  throw Error(Status::kInvalidArgument, "flexcp::make_plan: " + message);
+}
+
+// kDefaultChunksPerRank, halved while chunks would be shorter than kMinChunkTokens (short
+// sequences on many ranks): halving keeps the count a multiple of the run length or a divisor.
+std::int64_t default_chunks_per_rank(std::int64_t seqlen, int world) {
+  std::int64_t per_rank = kDefaultChunksPerRank;
+  while (per_rank > 1 && seqlen / (world * per_rank) < kMinChunkTokens) per_rank /= 2;
+  return per_rank;
+}
 
 }  // namespace
 
@@ -55,25 +64,55 @@ std::vector<Range> equal_chunks(std::int64_t length, std::int64_t n) {
   return chunks;
 }
 
-std::int64_t choose_num_chunks(std::int64_t seqlen, const PlanOptions& o) {
-  const std::int64_t world = o.world_size;
-  std::int64_t chunk = o.chunk_size;
-  if (chunk == 0) {
-    chunk = (seqlen + world * kChunksPerRank - 1) / (world * kChunksPerRank);
-    chunk = std::max(kChunkAlign, (chunk + kChunkAlign - 1) / kChunkAlign * kChunkAlign);
+std::vector<Range> cut_chunks(std::int64_t seqlen, const PlanOptions& o) {
+  const int world = o.world_size;
+  if (o.chunk_size > 0) {
+    const std::int64_t c = o.chunk_size, n = (seqlen + c - 1) / c;
+    if (n % world != 0) {
+      std::string near;
+      for (std::int64_t m : {n / world * world, (n / world + 1) * world}) {
+        if (m < world || m > seqlen) continue;
+        const std::int64_t size = (seqlen + m - 1) / m;
+        if ((seqlen + size - 1) / size == m)
+          near += (near.empty() ? "" : " or ") + std::to_string(size) + " (" + std::to_string(m) +
+                  " chunks)";
+      }
+      fail("chunk_size " + std::to_string(c) + " cuts " + std::to_string(seqlen) + " tokens into " +
+           std::to_string(n) + " chunks, not a multiple of world_size " + std::to_string(world) +
+           " (every rank holds as many chunks); " +
+           (near.empty() ? "" : "chunk_size " + near + " would, as would ") +
+           "chunks_per_rank instead");
+    }
+    std::vector<Range> chunks(n);
+    for (std::int64_t i = 0; i < n; ++i) chunks[i] = {i * c, std::min((i + 1) * c, seqlen)};
+    return chunks;
   }
-  // The same number of chunks per rank: round the count up to a multiple of the world size.
   const std::int64_t per_rank =
-      std::max<std::int64_t>(1, (seqlen + world * chunk - 1) / (world * chunk));
-  return per_rank * world;
+      o.chunks_per_rank > 0 ? o.chunks_per_rank : default_chunks_per_rank(seqlen, world);
+  if (per_rank * world > seqlen)
+    fail("chunks_per_rank " + std::to_string(per_rank) + " on " + std::to_string(world) +
+         " ranks is " + std::to_string(per_rank * world) + " chunks for " + std::to_string(seqlen) +
+         " tokens, expected at most one chunk per token");
+  return equal_chunks(seqlen, per_rank * world);
+}
+
+std::vector<std::int64_t> chunk_costs(const std::vector<Band>& bands, const ChunkIndex& index) {
+  std::vector<std::int64_t> cost(index.chunks.size(), 0);
+  for (std::size_t c = 0; c < index.chunks.size(); ++c)
+    for (std::int64_t i = index.offsets[c]; i < index.offsets[c + 1]; ++i) {
+      const Band& b = bands[index.band_ids[i]];
+      cost[c] += band_area(b, index.chunks[c].begin, index.chunks[c].end, b.begin_min, b.end_max);
+    }
+  return cost;
 }
 
 namespace {
 
-// Longest first into the least-loaded rank that still has room for another of its `per_rank`.
+// Longest first into the least-loaded rank that still has room for another of its
+// ceil(n / world) chunks.
 std::vector<int> greedy(const std::vector<std::int64_t>& costs, int world) {
   const std::int64_t n = static_cast<std::int64_t>(costs.size());
-  const std::int64_t per_rank = n / world;
+  const std::int64_t per_rank = (n + world - 1) / world;
   std::vector<int> owner(n, -1);
   std::vector<std::int64_t> order(n);
   std::iota(order.begin(), order.end(), 0);
@@ -194,6 +233,10 @@ void refine(const std::vector<std::int64_t>& costs, int world, std::vector<int>&
 }
 
 }  // namespace
+
+std::vector<int> assign_longest_first(const std::vector<std::int64_t>& costs, int world) {
+  return greedy(costs, world);
+}
 
 std::vector<int> assign_chunks(const std::vector<std::int64_t>& costs, int world) {
   const std::int64_t n = static_cast<std::int64_t>(costs.size());

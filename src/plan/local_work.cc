@@ -29,8 +29,8 @@ Band clip_and_shift(Band b, Range rows, Range cols, std::int64_t dr, std::int64_
   return trim_band(b);
 }
 
-void build_local_work(const std::vector<Band>& bands, const ChunkIndex& q_index, RankPlan& rp,
-                      int num_stages) {
+void build_local_work(const std::vector<Band>& bands, const ChunkIndex& q_index, RankPlan& rp) {
+  const int num_stages = rp.num_stages;
   std::vector<Segment> segments;
   std::int64_t offset = 0;
   for (const Range& r : rp.k_tokens) {

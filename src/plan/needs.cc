@@ -1,16 +1,16 @@
-// What K/V one rank needs: for each of its q chunks, the columns its bands attend (the union of a
-// band's columns over consecutive rows is one interval), minus what it holds, split by owner.
+// What K/V a rank needs and from whom: the union of its chunks' band spans (the union of a band's
+// columns over consecutive rows is one interval), cut by K/V chunk. The receiver and each sender
+// cut the same spans with the same function, so both list the same pieces in the same order.
 #include <algorithm>
 
 #include "plan/plan_internal.h"
 
 namespace flexcp::plan_detail {
 
-std::vector<Piece> remote_needs(const std::vector<Band>& bands, const ChunkIndex& q_index,
-                                const std::vector<std::int64_t>& own_q_chunks, const KvLayout& kv,
-                                int rank, std::int64_t* local_area) {
+std::vector<Range> attended_spans(const std::vector<Band>& bands, const ChunkIndex& q_index,
+                                  const std::vector<std::int64_t>& q_chunks) {
   std::vector<Range> spans;
-  for (std::int64_t c : own_q_chunks) {
+  for (std::int64_t c : q_chunks) {
     const Range rows = q_index.chunks[c];
     for (std::int64_t i = q_index.offsets[c]; i < q_index.offsets[c + 1]; ++i) {
       const TileSpan s = band_tile_span(bands[q_index.band_ids[i]], rows.begin, rows.end);
@@ -27,43 +27,70 @@ std::vector<Piece> remote_needs(const std::vector<Band>& bands, const ChunkIndex
     else
       merged.push_back(r);
   }
-  // Cut by K/V chunk, drop what the rank holds, join neighbours of one owner.
+  return merged;
+}
+
+namespace {
+
+// Appends one owner's part of a span; parts of one owner that touch form one piece.
+void append_part(std::vector<Piece>& pieces, int owner, Range part) {
+  if (part.empty()) return;
+  if (!pieces.empty() && pieces.back().owner == owner && pieces.back().tokens.end == part.begin)
+    pieces.back().tokens.end = part.end;
+  else
+    pieces.push_back({owner, part, 0});
+}
+
+}  // namespace
+
+std::vector<Piece> pieces_in(const std::vector<Range>& spans, const KvLayout& kv,
+                             const std::vector<std::int64_t>& kv_chunk_ids) {
   std::vector<Piece> pieces;
-  for (const Range& need : merged) {
-    auto it = std::upper_bound(kv.chunks.begin(), kv.chunks.end(), need.begin,
-                               [](std::int64_t x, const Range& c) { return x < c.begin; });
-    for (std::size_t c = static_cast<std::size_t>(it - kv.chunks.begin()) - 1;
-         c < kv.chunks.size() && kv.chunks[c].begin < need.end; ++c) {
-      const Range part{std::max(need.begin, kv.chunks[c].begin),
-                       std::min(need.end, kv.chunks[c].end)};
-      if (part.empty() || kv.owner[c] == rank) continue;
-      if (!pieces.empty() && pieces.back().owner == kv.owner[c] &&
-          pieces.back().tokens.end == part.begin)
-        pieces.back().tokens.end = part.end;
-      else
-        pieces.push_back({kv.owner[c], part, 0});
+  for (std::int64_t c : kv_chunk_ids) {
+    const Range chunk = kv.chunks[c];
+    auto it = std::upper_bound(spans.begin(), spans.end(), chunk.begin,
+                               [](std::int64_t x, const Range& s) { return x < s.end; });
+    for (; it != spans.end() && it->begin < chunk.end; ++it)
+      append_part(pieces, kv.owner[c],
+                  {std::max(it->begin, chunk.begin), std::min(it->end, chunk.end)});
+  }
+  return pieces;
+}
+
+std::vector<Piece> remote_pieces(const std::vector<Range>& spans, const KvLayout& kv, int rank) {
+  std::vector<Piece> pieces;
+  for (const Range& span : spans) {
+    auto c = std::upper_bound(kv.chunks.begin(), kv.chunks.end(), span.begin,
+                              [](std::int64_t x, const Range& k) { return x < k.end; });
+    for (; c != kv.chunks.end() && c->begin < span.end; ++c) {
+      const int owner = kv.owner[c - kv.chunks.begin()];
+      if (owner != rank)
+        append_part(pieces, owner, {std::max(span.begin, c->begin), std::min(span.end, c->end)});
     }
   }
-  // Attended pairs of the rank's rows per piece, and in its own columns.
-  std::int64_t total = 0;
-  for (std::int64_t c : own_q_chunks) {
+  return pieces;
+}
+
+std::int64_t piece_areas(const std::vector<Band>& bands, const ChunkIndex& q_index,
+                         const std::vector<std::int64_t>& q_chunks, std::vector<Piece>& pieces) {
+  std::int64_t total = 0, remote = 0;
+  for (std::int64_t c : q_chunks) {
     const Range rows = q_index.chunks[c];
     for (std::int64_t i = q_index.offsets[c]; i < q_index.offsets[c + 1]; ++i) {
       const Band& b = bands[q_index.band_ids[i]];
       const TileSpan s = band_tile_span(b, rows.begin, rows.end);
       if (s.span_begin >= s.span_end) continue;
       total += band_area(b, rows.begin, rows.end, s.span_begin, s.span_end);
-      auto first =
-          std::upper_bound(pieces.begin(), pieces.end(), s.span_begin,
-                           [](std::int64_t x, const Piece& p) { return x < p.tokens.end; });
-      for (auto p = first; p != pieces.end() && p->tokens.begin < s.span_end; ++p)
-        p->area += band_area(b, rows.begin, rows.end, p->tokens.begin, p->tokens.end);
+      auto p = std::upper_bound(pieces.begin(), pieces.end(), s.span_begin,
+                                [](std::int64_t x, const Piece& q) { return x < q.tokens.end; });
+      for (; p != pieces.end() && p->tokens.begin < s.span_end; ++p) {
+        const std::int64_t a = band_area(b, rows.begin, rows.end, p->tokens.begin, p->tokens.end);
+        p->area += a;
+        remote += a;
+      }
     }
   }
-  std::int64_t remote = 0;
-  for (const Piece& p : pieces) remote += p.area;
-  *local_area = total - remote;
-  return pieces;
+  return total - remote;
 }
 
 }  // namespace flexcp::plan_detail

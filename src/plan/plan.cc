@@ -1,5 +1,5 @@
-// make_plan: dispatch, everyone's K/V needs and the stage count (repeated identically on every
-// rank), then each rank's own receive list, local work and work lists.
+// make_plan: the dispatch and everyone's attended K/V columns (repeated identically on every rank),
+// then one rank's own receive pieces, stages, sends, local work and kernel plans.
 #include "flexcp/plan.h"
 
 #include <algorithm>
@@ -7,19 +7,13 @@
 #include <string>
 
 #include "flexcp/status.h"
-#include "kernels/worklist/worklist.h"
+#include "kernels/plan/attention_plan_impl.h"
 #include "plan/plan_internal.h"
 
 namespace flexcp {
 namespace {
 
 using namespace plan_detail;
-
-// Stage counts the cost model chooses among.
-constexpr int kMaxAutoStages = 8;
-// Tiles of the work lists built with the plan (the GPU kernel's q tile and k block).
-constexpr std::int64_t kPlanTileRows = 128;
-constexpr std::int64_t kPlanBlockCols = 64;
 
 [[noreturn]] void fail(const std::string& message) {
   throw Error(Status::kInvalidArgument, "flexcp::make_plan: " + message);
@@ -36,12 +30,19 @@ void check_options(const Mask& mask, const PlanOptions& o) {
   if (o.chunk_size > tq)
     fail("chunk_size " + std::to_string(o.chunk_size) + " is larger than the sequence (" +
          std::to_string(tq) + " tokens)");
+  if (o.chunks_per_rank < 0)
+    fail("chunks_per_rank is " + std::to_string(o.chunks_per_rank) +
+         ", expected >= 0 (0: automatic)");
+  if (o.chunk_size > 0 && o.chunks_per_rank > 0)
+    fail("chunk_size " + std::to_string(o.chunk_size) + " and chunks_per_rank " +
+         std::to_string(o.chunks_per_rank) + " are both set, expected one of them");
   if (o.gpus_per_node < 0)
     fail("gpus_per_node is " + std::to_string(o.gpus_per_node) + ", expected >= 0");
   if (o.num_stages < 0 || o.num_stages > 64)
     fail("num_stages is " + std::to_string(o.num_stages) + ", expected 0 (automatic) to 64");
-  if (o.heads_q < 1 || o.heads_kv < 1 || o.head_dim < 1 || o.element_bytes < 1)
-    fail("heads_q, heads_kv, head_dim and element_bytes must be >= 1");
+  if (o.heads_q < 1 || o.heads_kv < 1 || o.head_dim < 1)
+    fail("heads_q, heads_kv and head_dim must be >= 1");
+  if (o.dtype == DType::kFloat64) fail("dtype is fp64, expected fp32, bf16 or fp16");
   if (!(o.cost.kernel_tflops > 0 && o.cost.intra_node_gbps > 0 && o.cost.inter_node_gbps > 0 &&
         o.cost.stage_overhead_us >= 0))
     fail("cost model rates must be > 0 and the stage overhead >= 0");
@@ -53,163 +54,205 @@ double ms_since(std::chrono::steady_clock::time_point t0) {
 
 }  // namespace
 
-Plan make_plan(const Mask& mask, const PlanOptions& options) {
+namespace plan_detail {
+
+Planner::Planner(const Mask& mask, const PlanOptions& options)
+    : options_(options), bands_(mask_bands(mask)) {
   check_options(mask, options);
-  const auto t_global = std::chrono::steady_clock::now();
-  Plan plan;
-  plan.options = options;
   const int world = options.world_size;
   const std::int64_t tq = mask.seqlen_q(), tk = mask.seqlen_k();
-
-  std::vector<Band> bands;
-  bands.reserve(mask.slices().size());
-  for (const Slice& s : mask.slices()) {
-    const Band b = trim_band(slice_band(s));
-    if (b.row_begin < b.row_end) bands.push_back(b);
-  }
-  const std::int64_t num_chunks = choose_num_chunks(tq, options);
-  const ChunkIndex q_index = index_bands(bands, equal_chunks(tq, num_chunks));
-  plan.chunks = q_index.chunks;
-  plan.chunk_size = (tq + num_chunks - 1) / num_chunks;
-  std::vector<std::int64_t> cost(num_chunks, 0);
-  for (std::int64_t c = 0; c < num_chunks; ++c)
-    for (std::int64_t i = q_index.offsets[c]; i < q_index.offsets[c + 1]; ++i) {
-      const Band& b = bands[q_index.band_ids[i]];
-      cost[c] += band_area(b, plan.chunks[c].begin, plan.chunks[c].end, b.begin_min, b.end_max);
-    }
-  plan.chunk_owner = assign_chunks(cost, world);
-
+  q_index_ = index_bands(bands_, cut_chunks(tq, options));
+  Dispatch& d = dispatch_;
+  d.world_size = world;
+  d.chunks = q_index_.chunks;
+  d.chunks_per_rank = static_cast<std::int64_t>(d.chunks.size()) / world;
+  for (const Range& c : d.chunks) d.chunk_size = std::max(d.chunk_size, c.size());
+  d.chunk_area = chunk_costs(bands_, q_index_);
+  d.chunk_owner = assign_chunks(d.chunk_area, world);
   // K/V live with the q chunk of the same tokens (self-attention) or, for cross-attention, in W
   // equal contiguous parts.
-  KvLayout kv;
   if (tq == tk) {
-    kv.chunks = plan.chunks;
-    kv.owner = plan.chunk_owner;
+    kv_.chunks = d.chunks;
+    kv_.owner = d.chunk_owner;
   } else {
-    kv.chunks = equal_chunks(tk, world);
-    for (int r = 0; r < world; ++r) kv.owner.push_back(r);
+    kv_.chunks = equal_chunks(tk, world);
+    for (int r = 0; r < world; ++r) kv_.owner.push_back(r);
   }
-  plan.ranks.resize(world);
-  for (std::int64_t c = 0; c < num_chunks; ++c) plan.ranks[plan.chunk_owner[c]].chunks.push_back(c);
-  std::vector<std::vector<Piece>> needs(world);
-  std::vector<std::int64_t> local_area(world, 0);
-  for (int r = 0; r < world; ++r)
-    needs[r] = remote_needs(bands, q_index, plan.ranks[r].chunks, kv, r, &local_area[r]);
+  d.kv_chunks = kv_.chunks;
+  d.kv_owner = kv_.owner;
+  d.rank_area.assign(world, 0);
+  q_chunks_of_.resize(world);
+  kv_chunks_of_.resize(world);
+  for (std::size_t c = 0; c < d.chunks.size(); ++c) {
+    q_chunks_of_[d.chunk_owner[c]].push_back(static_cast<std::int64_t>(c));
+    d.rank_area[d.chunk_owner[c]] += d.chunk_area[c];
+  }
+  for (std::size_t c = 0; c < kv_.chunks.size(); ++c)
+    kv_chunks_of_[kv_.owner[c]].push_back(static_cast<std::int64_t>(c));
+  std::int64_t total = 0, worst = 0;
+  for (std::int64_t a : d.rank_area) total += a, worst = std::max(worst, a);
+  d.imbalance = total > 0 ? static_cast<double>(worst) / (static_cast<double>(total) / world) : 1.0;
+  // Every rank's attended columns: what it receives is cut from its own, what it sends from the
+  // others'.
+  spans_.resize(world);
+  for (int r = 0; r < world; ++r) spans_[r] = attended_spans(bands_, q_index_, q_chunks_of_[r]);
+}
 
-  // Stage count: the one whose slowest rank finishes first under the cost model.
-  bool any_remote = false;
-  for (const auto& n : needs) any_remote = any_remote || !n.empty();
-  std::vector<Staging> staging(world);
-  for (int r = 0; r < world; ++r) staging[r] = price_pieces(local_area[r], needs[r], r, options);
-  int stages = options.num_stages;
-  if (!any_remote) {
-    stages = 0;
-  } else if (stages == 0) {
-    double best = 0;
-    for (int s = 1; s <= kMaxAutoStages; ++s) {
-      double slowest = 0;
-      for (int r = 0; r < world; ++r)
-        slowest = std::max(slowest, simulate(staging[r], s, options).total_us);
-      if (s == 1 || slowest < best) best = slowest, stages = s;
+RankPlan Planner::plan_rank(int rank, bool kernel_plans) const {
+  const PlanOptions& o = options_;
+  const Dispatch& d = dispatch_;
+  if (rank < 0 || rank >= o.world_size)
+    fail("rank " + std::to_string(rank) + " is outside [0, " + std::to_string(o.world_size) + ")");
+  RankPlan rp;
+  rp.rank = rank;
+  rp.chunks = q_chunks_of_[rank];
+  for (std::int64_t c : rp.chunks) {
+    rp.q_tokens.push_back(d.chunks[c]);
+    rp.num_q_tokens += d.chunks[c].size();
+  }
+  for (std::int64_t c : kv_chunks_of_[rank]) {
+    rp.k_tokens.push_back(kv_.chunks[c]);
+    rp.num_k_tokens += kv_.chunks[c].size();
+  }
+  // Receives: this rank's columns outside its own K/V, priced and cut into stages.
+  std::vector<Piece> pieces = remote_pieces(spans_[rank], kv_, rank);
+  const std::int64_t local_area = piece_areas(bands_, q_index_, rp.chunks, pieces);
+  const Staging staging = price_pieces(local_area, pieces, rank, o);
+  rp.num_stages = choose_stages(staging, o);
+  const std::vector<int> stage = stage_pieces(staging, std::max(rp.num_stages, 1));
+  std::vector<int> from_owner(o.world_size, 0);
+  for (std::size_t i = 0; i < pieces.size(); ++i) {
+    rp.recv.push_back({pieces[i].owner, pieces[i].tokens, stage[i], from_owner[pieces[i].owner]++});
+    rp.recv_tokens += pieces[i].tokens.size();
+  }
+  std::stable_sort(rp.recv.begin(), rp.recv.end(), [](const RemoteRange& a, const RemoteRange& b) {
+    return a.stage != b.stage   ? a.stage < b.stage
+           : a.owner != b.owner ? a.owner < b.owner
+                                : a.tokens.begin < b.tokens.begin;
+  });
+  // Sends: each other rank's columns inside this rank's K/V, cut the way that rank cuts them.
+  for (int dest = 0; dest < o.world_size; ++dest) {
+    if (dest == rank) continue;
+    const std::vector<Piece> to = pieces_in(spans_[dest], kv_, kv_chunks_of_[rank]);
+    for (std::size_t i = 0; i < to.size(); ++i) {
+      rp.sends.push_back({dest, to[i].tokens, static_cast<int>(i)});
+      rp.send_tokens += to[i].tokens.size();
     }
   }
-  std::vector<std::vector<int>> stage_of(world);
-  for (int r = 0; r < world; ++r) stage_of[r] = stage_pieces(staging[r], std::max(stages, 1));
-  plan.num_stages = stages;
-  // Every rank needs the items it sends (as owner), which depend on everyone's needs.
-  plan.casts = group_casts(needs, world);
-  plan.global_ms = ms_since(t_global);
-
-  const std::int64_t bpt = kv_bytes_per_token(options);
-  for (int r = 0; r < world; ++r) {
-    const auto t_rank = std::chrono::steady_clock::now();
-    RankPlan& rp = plan.ranks[r];
-    for (std::int64_t c : rp.chunks) {
-      rp.q_tokens.push_back(plan.chunks[c]);
-      rp.num_q_tokens += plan.chunks[c].size();
-    }
-    for (std::size_t c = 0; c < kv.chunks.size(); ++c)
-      if (kv.owner[c] == r)
-        rp.k_tokens.push_back(kv.chunks[c]), rp.num_k_tokens += kv.chunks[c].size();
-    for (std::size_t i = 0; i < needs[r].size(); ++i) {
-      rp.recv.push_back({needs[r][i].owner, needs[r][i].tokens, stage_of[r][i]});
-      rp.recv_tokens += needs[r][i].tokens.size();
-    }
-    std::stable_sort(rp.recv.begin(), rp.recv.end(),
-                     [](const RemoteRange& a, const RemoteRange& b) {
-                       return a.stage != b.stage   ? a.stage < b.stage
-                              : a.owner != b.owner ? a.owner < b.owner
-                                                   : a.tokens.begin < b.tokens.begin;
-                     });
-    build_local_work(bands, q_index, rp, stages);
-    for (std::int64_t a : rp.stage_area) rp.area += a;
-    const std::int64_t num_cols = rp.num_k_tokens + rp.recv_tokens;
-    // NOTE: built here so that plan_ms counts a rank's whole planning cost (DESIGN §4); the
-    // kernels build their own lists with their tile sizes from stage_work.
+  build_local_work(bands_, q_index_, rp);
+  for (std::int64_t a : rp.stage_area) rp.area += a;
+  if (kernel_plans) {
+    AttentionShape shape{rp.num_q_tokens, rp.num_columns(), o.heads_q, o.heads_kv,
+                         o.head_dim,      o.dtype,          o.device,  o.device_index};
     for (const auto& work : rp.stage_work)
-      build_work_list(work, rp.num_q_tokens, num_cols,
-                      {WorkListOrder::kRowMajor, kPlanTileRows, kPlanBlockCols});
-    const Timeline t = simulate(staging[r], std::max(stages, 1), options);
-    rp.predicted_us = t.total_us;
-    rp.exposed_comm_us = t.exposed_us;
-    plan.slowest_rank_ms = std::max(plan.slowest_rank_ms, ms_since(t_rank));
+      rp.stage_plans.push_back(make_attention_plan(work, shape, "flexcp::make_plan"));
   }
+  const Timeline t = simulate(staging, std::max(rp.num_stages, 1), o);
+  rp.predicted_us = t.total_us;
+  rp.exposed_comm_us = t.exposed_us;
+  return rp;
+}
 
-  for (const CastItem& item : plan.casts) {
-    const std::int64_t bytes = item.tokens.size() * bpt;
-    plan.ranks[item.owner].send_tokens +=
-        item.tokens.size() * static_cast<std::int64_t>(item.dests.size());
-    // Hierarchical: one crossing per remote node, then a fan-out inside that node.
-    const int home = node_of(item.owner, options);
-    std::vector<int> nodes;
-    for (int d : item.dests) nodes.push_back(node_of(d, options));
-    std::sort(nodes.begin(), nodes.end());
-    nodes.erase(std::unique(nodes.begin(), nodes.end()), nodes.end());
-    const std::int64_t remote_nodes =
-        static_cast<std::int64_t>(nodes.size()) -
-        (std::binary_search(nodes.begin(), nodes.end(), home) ? 1 : 0);
-    plan.comm_bytes_inter += remote_nodes * bytes;
-    plan.comm_bytes_intra += (static_cast<std::int64_t>(item.dests.size()) - remote_nodes) * bytes;
-  }
-  std::int64_t total_area = 0, max_area = 0;
-  for (const RankPlan& rp : plan.ranks) {
-    plan.comm_bytes_fwd += rp.recv_tokens * bpt;
-    total_area += rp.area;
-    max_area = std::max(max_area, rp.area);
-    plan.predicted_us = std::max(plan.predicted_us, rp.predicted_us);
-  }
-  plan.imbalance = total_area > 0
-                       ? static_cast<double>(max_area) / (static_cast<double>(total_area) / world)
-                       : 1.0;
-  price_baselines(mask, bands, plan);
+std::int64_t Planner::recv_tokens(int rank) const {
+  std::int64_t tokens = 0;
+  for (const Piece& p : remote_pieces(spans_[rank], kv_, rank)) tokens += p.tokens.size();
+  return tokens;
+}
+
+}  // namespace plan_detail
+
+Dispatch make_dispatch(const Mask& mask, const PlanOptions& options) {
+  return Planner(mask, options).dispatch();
+}
+
+Plan make_plan(const Mask& mask, const PlanOptions& options, int rank) {
+  const auto t0 = std::chrono::steady_clock::now();
+  const Planner planner(mask, options);
+  const double dispatch_ms = ms_since(t0);
+  const auto t1 = std::chrono::steady_clock::now();
+  Plan plan;
+  plan.rank = planner.plan_rank(rank);
+  plan.rank_ms = ms_since(t1);
+  plan.dispatch_ms = dispatch_ms;
+  plan.options = options;
+  plan.dispatch = planner.dispatch();
   return plan;
 }
 
-std::vector<std::int64_t> Plan::position_ids(int rank) const {
-  if (rank < 0 || rank >= static_cast<int>(ranks.size()))
-    throw Error(Status::kInvalidArgument, "Plan::position_ids: rank " + std::to_string(rank) +
-                                              " is outside [0, " + std::to_string(ranks.size()) +
+PlanReport make_plan_report(const Mask& mask, const PlanOptions& options) {
+  const auto t0 = std::chrono::steady_clock::now();
+  const Planner planner(mask, options);
+  PlanReport report;
+  report.dispatch_ms = ms_since(t0);
+  report.options = options;
+  report.dispatch = planner.dispatch();
+  const std::int64_t bpt = kv_bytes_per_token(options);
+  for (int r = 0; r < options.world_size; ++r) {
+    const auto t_rank = std::chrono::steady_clock::now();
+    const RankPlan rp = planner.plan_rank(r);
+    RankSummary s;
+    s.rank_ms = ms_since(t_rank);
+    s.q_tokens = rp.num_q_tokens;
+    s.area = rp.area;
+    s.recv_tokens = rp.recv_tokens;
+    s.send_tokens = rp.send_tokens;
+    s.num_stages = rp.num_stages;
+    s.stage_area = rp.stage_area;
+    s.predicted_us = rp.predicted_us;
+    s.exposed_comm_us = rp.exposed_comm_us;
+    report.comm_bytes_fwd += rp.recv_tokens * bpt;
+    const LinkBytes links = hierarchical_bytes(rp.sends, r, options);
+    report.comm_bytes_intra += links.intra;
+    report.comm_bytes_inter += links.inter;
+    report.predicted_us = std::max(report.predicted_us, rp.predicted_us);
+    report.slowest_rank_ms = std::max(report.slowest_rank_ms, s.rank_ms);
+    report.ranks.push_back(std::move(s));
+  }
+  report.ring = ring_baseline(planner.bands(), mask, options);
+  report.ulysses = ulysses_baseline(mask, options);
+  report.allgather = allgather_baseline(mask, report);
+  report.magi = magi_baseline(planner.bands(), mask, options);
+  return report;
+}
+
+std::vector<std::int64_t> Dispatch::position_ids(int rank) const {
+  if (rank < 0 || rank >= world_size)
+    throw Error(Status::kInvalidArgument, "Dispatch::position_ids: rank " + std::to_string(rank) +
+                                              " is outside [0, " + std::to_string(world_size) +
                                               ")");
   std::vector<std::int64_t> ids;
-  for (const Range& r : ranks[rank].q_tokens)
-    for (std::int64_t t = r.begin; t < r.end; ++t) ids.push_back(t);
+  for (std::size_t c = 0; c < chunks.size(); ++c)
+    if (chunk_owner[c] == rank)
+      for (std::int64_t t = chunks[c].begin; t < chunks[c].end; ++t) ids.push_back(t);
   return ids;
 }
 
-std::vector<int> Plan::global_to_rank_q() const {
+std::int64_t Dispatch::num_q_tokens(int rank) const {
+  std::int64_t n = 0;
+  for (std::size_t c = 0; c < chunks.size(); ++c)
+    if (chunk_owner[c] == rank) n += chunks[c].size();
+  return n;
+}
+
+std::int64_t Dispatch::num_k_tokens(int rank) const {
+  std::int64_t n = 0;
+  for (std::size_t c = 0; c < kv_chunks.size(); ++c)
+    if (kv_owner[c] == rank) n += kv_chunks[c].size();
+  return n;
+}
+
+std::vector<int> Dispatch::global_to_rank_q() const {
   std::vector<int> out(chunks.empty() ? 0 : chunks.back().end);
   for (std::size_t c = 0; c < chunks.size(); ++c)
     std::fill(out.begin() + chunks[c].begin, out.begin() + chunks[c].end, chunk_owner[c]);
   return out;
 }
 
-std::vector<std::int64_t> Plan::global_to_local_q() const {
+std::vector<std::int64_t> Dispatch::global_to_local_q() const {
   std::vector<std::int64_t> out(chunks.empty() ? 0 : chunks.back().end);
-  for (const RankPlan& rp : ranks) {
-    std::int64_t local = 0;
-    for (const Range& r : rp.q_tokens)
-      for (std::int64_t t = r.begin; t < r.end; ++t) out[t] = local++;
-  }
+  std::vector<std::int64_t> next(world_size, 0);
+  for (std::size_t c = 0; c < chunks.size(); ++c)
+    for (std::int64_t t = chunks[c].begin; t < chunks[c].end; ++t) out[t] = next[chunk_owner[c]]++;
   return out;
 }
 

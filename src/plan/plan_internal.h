@@ -1,7 +1,8 @@
-// Pieces of the planner shared between its files. The order of make_plan: cut and assign chunks
-// (dispatch.cc), find each rank's K/V needs (needs.cc), choose stages and casts (stages.cc),
-// rewrite each rank's work in local coordinates (local_work.cc), price the baselines
-// (baselines.cc).
+// Pieces of the planner shared between its files. What every rank runs (Planner's constructor):
+// cut and assign chunks (dispatch.cc), the K/V columns each rank's rows attend (needs.cc). What a
+// rank runs for itself (Planner::plan_rank): its receive pieces and stages (needs.cc, stages.cc),
+// its sends (needs.cc), its work in local coordinates (local_work.cc) and kernel plans. The report
+// adds the baselines (baselines.cc).
 #pragma once
 
 #include <cstdint>
@@ -23,26 +24,46 @@ ChunkIndex index_bands(const std::vector<Band>& bands, std::vector<Range> chunks
 // n chunks of [0, length) whose sizes differ by at most one token.
 std::vector<Range> equal_chunks(std::int64_t length, std::int64_t n);
 
-// dispatch.cc: number of chunks for the options, and the balanced assignment.
-std::int64_t choose_num_chunks(std::int64_t seqlen, const PlanOptions& options);
-// owner[c] for each chunk, each rank getting costs.size() / world chunks, minimising the largest
-// total cost (longest-first greedy, then swap refinement between heavy and light ranks).
+// dispatch.cc: the q chunks the options ask for (checked), and the balanced assignment: owner[c]
+// for each chunk, each rank getting costs.size() / world chunks, minimising the largest total
+// cost (runs of neighbours placed longest first, then swap refinement between heavy and light
+// ranks).
+std::vector<Range> cut_chunks(std::int64_t seqlen, const PlanOptions& options);
 std::vector<int> assign_chunks(const std::vector<std::int64_t>& costs, int world);
+// Longest first into the least-loaded rank that still has room for another of its
+// ceil(n / world) chunks; no refinement (MagiAttention's default dispatch).
+std::vector<int> assign_longest_first(const std::vector<std::int64_t>& costs, int world);
 
-// needs.cc: the remote K/V pieces one rank needs, by owner, merged; `area` per piece is the
-// attended pairs of the rank's rows in those columns.
-struct Piece {
-  int owner;
-  Range tokens;
-  std::int64_t area;
-};
+// Attended pairs of each chunk.
+std::vector<std::int64_t> chunk_costs(const std::vector<Band>& bands, const ChunkIndex& index);
+
 struct KvLayout {
   std::vector<Range> chunks;  // K/V token chunks in global order
   std::vector<int> owner;
 };
-std::vector<Piece> remote_needs(const std::vector<Band>& bands, const ChunkIndex& q_index,
-                                const std::vector<std::int64_t>& own_q_chunks, const KvLayout& kv,
-                                int rank, std::int64_t* local_area);
+
+// needs.cc. The K/V columns the rows of `q_chunks` attend: each band's span over each chunk,
+// merged (sorted, disjoint).
+std::vector<Range> attended_spans(const std::vector<Band>& bands, const ChunkIndex& q_index,
+                                  const std::vector<std::int64_t>& q_chunks);
+
+// A K/V range of one owner that one rank needs; `area` is the attended pairs of that rank's rows
+// in it (set by piece_areas).
+struct Piece {
+  int owner;
+  Range tokens;
+  std::int64_t area = 0;
+};
+// The parts of `spans` inside K/V chunks, in token order, parts of one owner that touch joined:
+// in the chunks `kv_chunk_ids` (ascending: a sender's own, for one destination's spans), or in
+// every chunk `rank` does not hold (the receiver's). Both see the same pieces in the same order.
+std::vector<Piece> pieces_in(const std::vector<Range>& spans, const KvLayout& kv,
+                             const std::vector<std::int64_t>& kv_chunk_ids);
+std::vector<Piece> remote_pieces(const std::vector<Range>& spans, const KvLayout& kv, int rank);
+// Sets each piece's area for the rows of `q_chunks`, and returns the area in columns outside
+// every piece (the rank's own K/V).
+std::int64_t piece_areas(const std::vector<Band>& bands, const ChunkIndex& q_index,
+                         const std::vector<std::int64_t>& q_chunks, std::vector<Piece>& pieces);
 
 // stages.cc
 int node_of(int rank, const PlanOptions& options);
@@ -66,14 +87,50 @@ struct Timeline {
   double exposed_us = 0;
 };
 Timeline simulate(const Staging& staging, int num_stages, const PlanOptions& options);
-std::vector<CastItem> group_casts(const std::vector<std::vector<Piece>>& needs, int world);
+// The stage count the options ask for, or the one under which this rank finishes first.
+int choose_stages(const Staging& staging, const PlanOptions& options);
+// Bytes of one owner's sends over intra- and inter-node links when every token crosses to each
+// remote node once and fans out inside it (hierarchical group-cast).
+struct LinkBytes {
+  std::int64_t intra = 0, inter = 0;
+};
+LinkBytes hierarchical_bytes(const std::vector<SendRange>& sends, int owner,
+                             const PlanOptions& options);
 
-// local_work.cc: rank's work per stage as bands in local coordinates.
-void build_local_work(const std::vector<Band>& bands, const ChunkIndex& q_index, RankPlan& rp,
-                      int num_stages);
-
-// baselines.cc
-void price_baselines(const Mask& mask, const std::vector<Band>& bands, Plan& plan);
+// local_work.cc: a rank's work per stage as bands in local coordinates.
+void build_local_work(const std::vector<Band>& bands, const ChunkIndex& q_index, RankPlan& rp);
 Band clip_and_shift(Band b, Range rows, Range cols, std::int64_t dr, std::int64_t dc);
+
+// What every rank computes once (the dispatch and everyone's attended K/V columns), and from it
+// any one rank's own plan.
+class Planner {
+ public:
+  Planner(const Mask& mask, const PlanOptions& options);
+  const PlanOptions& options() const { return options_; }
+  const Dispatch& dispatch() const { return dispatch_; }
+  const std::vector<Band>& bands() const { return bands_; }
+  // `kernel_plans`: build the stage AttentionPlans too (what a rank runs in training).
+  RankPlan plan_rank(int rank, bool kernel_plans = true) const;
+  // The K/V tokens `rank` receives (its plan's recv_tokens), without the rest of its plan.
+  std::int64_t recv_tokens(int rank) const;
+
+ private:
+  PlanOptions options_;
+  std::vector<Band> bands_;
+  ChunkIndex q_index_;
+  KvLayout kv_;
+  Dispatch dispatch_;
+  std::vector<std::vector<std::int64_t>> q_chunks_of_;   // per rank, ascending
+  std::vector<std::vector<std::int64_t>> kv_chunks_of_;  // per rank, ascending
+  std::vector<std::vector<Range>> spans_;                // per rank: the K/V columns it attends
+};
+
+// baselines.cc: the peers on the same mask and cost model.
+BaselineFigures ring_baseline(const std::vector<Band>& bands, const Mask& mask,
+                              const PlanOptions& options);
+BaselineFigures ulysses_baseline(const Mask& mask, const PlanOptions& options);
+BaselineFigures allgather_baseline(const Mask& mask, const PlanReport& report);
+BaselineFigures magi_baseline(const std::vector<Band>& bands, const Mask& mask,
+                              const PlanOptions& options);
 
 }  // namespace flexcp::plan_detail

@@ -7,6 +7,12 @@
 #include "plan/plan_internal.h"
 
 namespace flexcp::plan_detail {
+namespace {
+
+// Stage counts the cost model chooses among.
+constexpr int kMaxAutoStages = 8;
+
+}  // namespace
 
 int node_of(int rank, const PlanOptions& o) {
   return o.gpus_per_node > 0 ? rank / o.gpus_per_node : 0;
@@ -19,7 +25,7 @@ double compute_us(std::int64_t area, const PlanOptions& o) {
 }
 
 std::int64_t kv_bytes_per_token(const PlanOptions& o) {
-  return 2 * o.heads_kv * o.head_dim * o.element_bytes;
+  return 2 * o.heads_kv * o.head_dim * static_cast<std::int64_t>(dtype_size(o.dtype));
 }
 
 double transfer_us(std::int64_t tokens, bool same_node, const PlanOptions& o) {
@@ -90,41 +96,52 @@ Timeline simulate(const Staging& st, int num_stages, const PlanOptions& o) {
   return {done + overhead, done - busy};
 }
 
-std::vector<CastItem> group_casts(const std::vector<std::vector<Piece>>& needs, int world) {
-  // Per owner, sweep the needed ranges; between consecutive boundaries the set of destinations is
-  // constant, and neighbouring intervals with the same set merge into one item.
-  std::vector<std::vector<std::pair<std::int64_t, int>>> events(world);  // (pos, +/-(dest+1))
-  for (int r = 0; r < static_cast<int>(needs.size()); ++r)
-    for (const Piece& p : needs[r]) {
-      events[p.owner].push_back({p.tokens.begin, r + 1});
-      events[p.owner].push_back({p.tokens.end, -(r + 1)});
-    }
-  std::vector<CastItem> items;
-  for (int owner = 0; owner < world; ++owner) {
-    auto& ev = events[owner];
-    std::sort(ev.begin(), ev.end());
-    std::map<int, int> active;  // dest -> count (a rank's pieces never overlap, so 0 or 1)
-    for (std::size_t i = 0; i < ev.size();) {
-      const std::int64_t pos = ev[i].first;
-      for (; i < ev.size() && ev[i].first == pos; ++i) {
-        const int dest = std::abs(ev[i].second) - 1;
-        if (ev[i].second > 0)
-          ++active[dest];
-        else if (--active[dest] == 0)
-          active.erase(dest);
-      }
-      if (active.empty() || i == ev.size()) continue;
-      std::vector<int> dests;
-      for (auto& [d, n] : active) dests.push_back(d);
-      const Range span{pos, ev[i].first};
-      if (!items.empty() && items.back().owner == owner && items.back().tokens.end == span.begin &&
-          items.back().dests == dests)
-        items.back().tokens.end = span.end;
-      else
-        items.push_back({owner, span, std::move(dests)});
-    }
+int choose_stages(const Staging& st, const PlanOptions& o) {
+  if (st.order.empty()) return 0;
+  if (o.num_stages > 0) return o.num_stages;
+  int best_stages = 1;
+  double best = simulate(st, 1, o).total_us;
+  for (int s = 2; s <= kMaxAutoStages; ++s) {
+    const double t = simulate(st, s, o).total_us;
+    if (t < best) best = t, best_stages = s;
   }
-  return items;
+  return best_stages;
+}
+
+LinkBytes hierarchical_bytes(const std::vector<SendRange>& sends, int owner, const PlanOptions& o) {
+  // Between consecutive range boundaries the set of destinations is constant: each of their
+  // remote nodes costs one crossing, each destination one intra-node delivery beyond it.
+  std::vector<std::pair<std::int64_t, int>> events;  // (token, +/-(dest + 1))
+  for (const SendRange& s : sends) {
+    events.push_back({s.tokens.begin, s.dest + 1});
+    events.push_back({s.tokens.end, -(s.dest + 1)});
+  }
+  std::sort(events.begin(), events.end());
+  const std::int64_t bpt = kv_bytes_per_token(o);
+  const int home = node_of(owner, o);
+  std::map<int, int> dests_per_node;  // node -> active destinations on it
+  int active = 0;
+  LinkBytes bytes;
+  for (std::size_t i = 0; i < events.size();) {
+    const std::int64_t pos = events[i].first;
+    for (; i < events.size() && events[i].first == pos; ++i) {
+      const int node = node_of(std::abs(events[i].second) - 1, o);
+      if (events[i].second > 0) {
+        ++dests_per_node[node], ++active;
+      } else if (--dests_per_node[node] == 0) {
+        dests_per_node.erase(node), --active;
+      } else {
+        --active;
+      }
+    }
+    if (i == events.size() || active == 0) continue;
+    const std::int64_t tokens = events[i].first - pos;
+    const std::int64_t remote_nodes =
+        static_cast<std::int64_t>(dests_per_node.size()) - (dests_per_node.count(home) ? 1 : 0);
+    bytes.inter += remote_nodes * tokens * bpt;
+    bytes.intra += (active - remote_nodes) * tokens * bpt;
+  }
+  return bytes;
 }
 
 }  // namespace flexcp::plan_detail

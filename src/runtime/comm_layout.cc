@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <climits>
+#include <string>
 
 #include "flexcp/status.h"
 
@@ -16,8 +17,7 @@ std::int64_t CommLayout::own_row(std::int64_t token) const {
   return own_offsets[it - own_ranges.begin()] + (token - it->begin);
 }
 
-CommLayout make_comm_layout(const Plan& plan, int rank) {
-  const RankPlan& rp = plan.ranks.at(rank);
+CommLayout make_comm_layout(const RankPlan& rp) {
   CommLayout layout;
   for (const Range& r : rp.k_tokens) {
     if (r.empty()) continue;
@@ -25,36 +25,21 @@ CommLayout make_comm_layout(const Plan& plan, int rank) {
     layout.own_offsets.push_back(layout.own_columns);
     layout.own_columns += r.size();
   }
-  // Received pieces in buffer order (stage order), then looked up by token.
-  struct Piece {
-    Range tokens;
-    std::int64_t column;
-    int stage;
-  };
-  std::vector<Piece> pieces;
+  // Received pieces follow the own rows in the plan's receive order (stage order): the order the
+  // local work's columns were numbered in.
   std::int64_t column = layout.own_columns;
+  int max_index = 0;
   for (const RemoteRange& r : rp.recv) {
-    pieces.push_back({r.tokens, column, r.stage});
+    layout.recv_column.push_back(column);
     column += r.tokens.size();
+    max_index = std::max(max_index, r.index);
   }
+  for (const SendRange& s : rp.sends) max_index = std::max(max_index, s.index);
   layout.total_columns = column;
-  std::sort(pieces.begin(), pieces.end(),
-            [](const Piece& a, const Piece& b) { return a.tokens.begin < b.tokens.begin; });
-  if (plan.casts.size() > static_cast<std::size_t>(INT_MAX / 2))
-    throw Error(Status::kInvalidArgument, "CommLayout: too many group-cast items for message tags");
-  for (std::size_t i = 0; i < plan.casts.size(); ++i) {
-    const CastItem& item = plan.casts[i];
-    if (item.owner == rank) layout.sends.push_back({static_cast<int>(i), item.tokens, item.dests});
-    if (!std::binary_search(item.dests.begin(), item.dests.end(), rank)) continue;
-    // Items are cut at every piece boundary, so each lies inside one received piece.
-    const auto p =
-        std::upper_bound(pieces.begin(), pieces.end(), item.tokens.begin,
-                         [](std::int64_t t, const Piece& q) { return t < q.tokens.end; });
-    if (p == pieces.end() || item.tokens.begin < p->tokens.begin || item.tokens.end > p->tokens.end)
-      throw Error(Status::kInternal, "CommLayout: cast item outside this rank's receive list");
-    layout.recvs.push_back({static_cast<int>(i), item.owner, item.tokens,
-                            p->column + (item.tokens.begin - p->tokens.begin), p->stage});
-  }
+  if (max_index >= INT_MAX / 4)
+    throw Error(Status::kInvalidArgument,
+                "flexcp::DistAttention: " + std::to_string(max_index + 1) +
+                    " K/V pieces between two ranks, more than message tags can number");
   return layout;
 }
 

@@ -1,7 +1,7 @@
 // CommLayout: one object owns every offset of a rank's transfers (DESIGN §3, DeepEP's layout
-// struct): which token ranges it packs and sends to whom, and where each received range lands in
-// its K/V buffer. The forward group-casts K/V along it; the backward group-reduces dK/dV along the
-// same items in the other direction.
+// struct): where its own K/V rows sit, where each received piece lands in the K/V columns, and the
+// message tags. The forward group-casts K/V along it; the backward group-reduces dK/dV along the
+// same pieces in the other direction.
 #pragma once
 
 #include <cstdint>
@@ -11,35 +11,25 @@
 
 namespace flexcp::runtime {
 
-struct CastSend {
-  int item = 0;  // index into plan.casts; message tags derive from it
-  Range tokens;
-  std::vector<int> dests;
-};
-
-struct CastRecv {
-  int item = 0;
-  int owner = 0;
-  Range tokens;
-  std::int64_t column = 0;  // K/V buffer column of tokens.begin
-  int stage = 1;
-};
+// The four messages of one piece: its K and V (forward, owner to receiver), and its dK and dV
+// partials (backward, receiver to owner). Each has its own tag space, so that a forward and a
+// backward between the same two ranks can never match each other's messages.
+enum class Message { kK = 0, kV = 1, kGradK = 2, kGradV = 3 };
 
 struct CommLayout {
   std::int64_t own_columns = 0;    // K/V rows this rank holds (columns [0, own_columns))
-  std::int64_t total_columns = 0;  // plus every received range
-  std::vector<CastSend> sends;     // items this rank owns, in item order
-  std::vector<CastRecv> recvs;     // items this rank receives, in item order
+  std::int64_t total_columns = 0;  // plus every received piece
   std::vector<Range> own_ranges;   // global K/V tokens held, in local order
   std::vector<std::int64_t> own_offsets;
+  std::vector<std::int64_t> recv_column;  // column of each RankPlan::recv entry's first token
 
   // Local K/V row of a global token this rank holds.
   std::int64_t own_row(std::int64_t token) const;
-  // Message tags of an item's K (or dK) and V (or dV) parts.
-  static int tag_k(int item) { return 2 * item; }
-  static int tag_v(int item) { return 2 * item + 1; }
+  // The tag of one message of the piece with this index (RemoteRange / SendRange::index).
+  static int tag(int index, Message m) { return 4 * index + static_cast<int>(m); }
 };
 
-CommLayout make_comm_layout(const Plan& plan, int rank);
+// Throws Error(kInvalidArgument) when a pair of ranks exchanges more pieces than tags can number.
+CommLayout make_comm_layout(const RankPlan& rp);
 
 }  // namespace flexcp::runtime

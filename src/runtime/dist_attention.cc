@@ -1,7 +1,9 @@
-// DistAttention: public call -> shape checks -> plan (constructor) -> per stage: wait for that
-// stage's K/V, run the CPU kernel on its local work, merge through LSE -> write the outputs.
+// DistAttention: public call -> argument checks -> this rank's plan (constructor) -> per stage:
+// wait for that stage's K/V, run the stage's kernel plan, merge through LSE -> write the outputs.
+// The forward's gathered K/V go into the context it returns; the backward reads them from there.
 #include "flexcp/dist_attention.h"
 
+#include <atomic>
 #include <chrono>
 #include <cmath>
 #include <cstring>
@@ -12,17 +14,15 @@
 #include "core/dtype.h"
 #include "flexcp/status.h"
 #include "kernels/cpu/cpu_attention.h"
+#include "kernels/lse_merge.h"
 #include "runtime/comm_layout.h"
 
 namespace flexcp {
 namespace {
 
 using runtime::CommLayout;
+using runtime::Message;
 constexpr float kNegInf = -std::numeric_limits<float>::infinity();
-
-[[noreturn]] void fail(Status status, const std::string& message) {
-  throw Error(status, "flexcp::DistAttention: " + message);
-}
 
 double ms_since(std::chrono::steady_clock::time_point t0) {
   return std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
@@ -41,7 +41,7 @@ struct Fingerprint {
   }
 };
 
-// A contiguous owned buffer with a [rows, heads, dim] view.
+// A contiguous owned buffer with a [rows, heads(, dim)] view.
 struct Buffer {
   std::vector<unsigned char> bytes;
   TensorView view;
@@ -52,11 +52,6 @@ struct Buffer {
         0);
     view = make_view(bytes.data(), dtype, {rows, heads, dim});
   }
-  Buffer(DType dtype, std::int64_t rows, std::int64_t heads) {
-    bytes.assign(
-        static_cast<std::size_t>(std::max<std::int64_t>(rows * heads, 1)) * dtype_size(dtype), 0);
-    view = make_view(bytes.data(), dtype, {rows, heads});
-  }
   float* f32() { return reinterpret_cast<float*>(bytes.data()); }
   std::size_t row_bytes() const {
     return static_cast<std::size_t>(view.strides[0]) * dtype_size(view.dtype);
@@ -64,14 +59,36 @@ struct Buffer {
   unsigned char* row(std::int64_t r) { return bytes.data() + r * row_bytes(); }
 };
 
-void require_contiguous(const char* fn, const char* name, const TensorView& t) {
-  if (!t.is_contiguous())
-    fail(Status::kInvalidArgument, std::string(fn) + ": " + name + " must be contiguous");
+// Every DistAttention gets its own number, so a context names the object it belongs to.
+std::uint64_t next_attention_id() {
+  static std::atomic<std::uint64_t> next{1};
+  return next++;
 }
 
 }  // namespace
 
+struct DistContext::State {
+  std::uint64_t owner = 0;  // the DistAttention that made it
+  Buffer k, v;              // [own + received columns, Hk, D]: what the forward's work read
+  DistStats stats;
+};
+
+DistContext::DistContext() = default;
+DistContext::DistContext(std::unique_ptr<State> state) : state_(std::move(state)) {}
+DistContext::DistContext(DistContext&&) noexcept = default;
+DistContext& DistContext::operator=(DistContext&&) noexcept = default;
+DistContext::~DistContext() = default;
+bool DistContext::empty() const {
+  return state_ == nullptr;
+}
+const DistStats& DistContext::stats() const {
+  if (!state_)
+    throw Error(Status::kInvalidUsage, "flexcp::DistContext::stats: the context is empty");
+  return state_->stats;
+}
+
 struct DistAttention::Impl {
+  std::uint64_t id = next_attention_id();
   Communicator* comm = nullptr;
   Plan plan;
   CommLayout layout;
@@ -79,84 +96,62 @@ struct DistAttention::Impl {
   DType dtype = DType::kFloat32;
   AttentionOptions attention;
   std::vector<std::int64_t> positions;  // global q token of each local row
-  Buffer k_buf, v_buf;                  // K/V columns of the last forward, reused by backward
-  bool have_kv = false;
-  DistStats stats;
 
+  const RankPlan& me() const { return plan.rank; }
+  std::int64_t q_rows() const { return plan.rank.num_q_tokens; }
   std::size_t kv_row_bytes() const {
     return static_cast<std::size_t>(heads_kv * head_dim) * dtype_size(dtype);
   }
 
-  void check_local(const char* fn, const char* name, const TensorView& t, std::int64_t rows,
-                   std::int64_t heads, DType want) const {
-    if (t.ndim != 3 || t.shape[0] != rows || t.shape[1] != heads || t.shape[2] != head_dim)
-      fail(Status::kInvalidArgument, std::string(fn) + ": " + name + " has shape " +
-                                         t.shape_string() + ", expected [" + std::to_string(rows) +
-                                         ", " + std::to_string(heads) + ", " +
-                                         std::to_string(head_dim) + "]");
-    if (t.dtype != want)
-      fail(Status::kInvalidArgument, std::string(fn) + ": " + name + " has dtype " +
-                                         dtype_name(t.dtype) + ", expected " + dtype_name(want));
-    require_contiguous(fn, name, t);
+  // Local shards: contiguous, this object's dtype, in host memory.
+  void check_local(const ArgChecker& c, const char* name, const TensorView& t, std::int64_t rows,
+                   std::int64_t heads) const {
+    c.tensor(name, t, {rows, heads, head_dim}, "[T_local, H, D]", dtype, Device::kCpu);
+    c.contiguous(name, t);
+  }
+  void check_lse(const ArgChecker& c, const TensorView& lse) const {
+    c.tensor("lse", lse, {q_rows(), heads_q}, "[Tq_local, Hq]", DType::kFloat32, Device::kCpu);
+    c.contiguous("lse", lse);
   }
 
-  AttentionShape kernel_shape(std::int64_t columns) const {
-    AttentionShape s;
-    s.seqlen_q = plan.ranks[comm->rank()].num_q_tokens;
-    s.seqlen_k = columns;
-    s.heads_q = heads_q;
-    s.heads_kv = heads_kv;
-    s.head_dim = head_dim;
-    s.dtype = dtype;
+  CallShape stage_shape(int stage) const {
+    CallShape s;
+    static_cast<AttentionShape&>(s) = me().stage_plans[stage].shape();
     s.scale =
         attention.scale != 0 ? attention.scale : 1.0 / std::sqrt(static_cast<double>(head_dim));
     return s;
   }
 
-  // Group-cast of K/V along the layout: own rows first, then each received item lands at its
-  // column; returns one handle per stage (index 0: the sends).
+  // Group-cast of K/V into `k_cols`/`v_cols` ([total_columns, Hk, D]): own rows first, then each
+  // received piece at its column. Sends read the own rows there, so they are copied in first.
+  // Returns the handles: index 0 the sends, then one per remote stage.
   std::vector<std::unique_ptr<CommHandle>> start_kv_exchange(const TensorView& k,
-                                                             const TensorView& v,
-                                                             std::vector<unsigned char>& packed) {
+                                                             const TensorView& v, Buffer& k_cols,
+                                                             Buffer& v_cols, DistStats& stats) {
     const std::size_t row = kv_row_bytes();
-    k_buf = Buffer(dtype, layout.total_columns, heads_kv, head_dim);
-    v_buf = Buffer(dtype, layout.total_columns, heads_kv, head_dim);
-    std::memcpy(k_buf.bytes.data(), k.data, layout.own_columns * row);
-    std::memcpy(v_buf.bytes.data(), v.data, layout.own_columns * row);
-    // Each item is packed once ([K rows][V rows]) and sent to every destination.
-    std::size_t total = 0;
-    for (const auto& s : layout.sends) total += 2 * s.tokens.size() * row;
-    packed.assign(total, 0);
+    std::memcpy(k_cols.bytes.data(), k.data, layout.own_columns * row);
+    std::memcpy(v_cols.bytes.data(), v.data, layout.own_columns * row);
     std::vector<SendOp> sends;
-    std::size_t offset = 0;
-    for (const auto& s : layout.sends) {
-      unsigned char* kpart = packed.data() + offset;
-      unsigned char* vpart = kpart + s.tokens.size() * row;
-      for (std::int64_t t = s.tokens.begin; t < s.tokens.end; ++t) {
-        const std::int64_t r = layout.own_row(t);
-        std::memcpy(kpart + (t - s.tokens.begin) * row, k_buf.row(r), row);
-        std::memcpy(vpart + (t - s.tokens.begin) * row, v_buf.row(r), row);
-      }
-      for (int d : s.dests) {
-        sends.push_back({d, kpart, s.tokens.size() * row, CommLayout::tag_k(s.item)});
-        sends.push_back({d, vpart, s.tokens.size() * row, CommLayout::tag_v(s.item)});
-        stats.fwd_bytes_sent += 2 * s.tokens.size() * row;
-      }
-      offset += 2 * s.tokens.size() * row;
+    for (const SendRange& s : me().sends) {
+      const std::int64_t r = layout.own_row(s.tokens.begin);  // a piece's rows are neighbours
+      const std::size_t bytes = s.tokens.size() * row;
+      sends.push_back({s.dest, k_cols.row(r), bytes, CommLayout::tag(s.index, Message::kK)});
+      sends.push_back({s.dest, v_cols.row(r), bytes, CommLayout::tag(s.index, Message::kV)});
+      stats.fwd_bytes_sent += 2 * static_cast<std::int64_t>(bytes);
     }
-    const int stages = plan.num_stages;
-    std::vector<std::vector<RecvOp>> recvs(stages + 1);
-    for (const auto& r : layout.recvs) {
+    std::vector<std::vector<RecvOp>> recvs(me().num_stages + 1);
+    for (std::size_t i = 0; i < me().recv.size(); ++i) {
+      const RemoteRange& r = me().recv[i];
+      const std::int64_t col = layout.recv_column[i];
+      const std::size_t bytes = r.tokens.size() * row;
       recvs[r.stage].push_back(
-          {r.owner, k_buf.row(r.column), r.tokens.size() * row, CommLayout::tag_k(r.item)});
+          {r.owner, k_cols.row(col), bytes, CommLayout::tag(r.index, Message::kK)});
       recvs[r.stage].push_back(
-          {r.owner, v_buf.row(r.column), r.tokens.size() * row, CommLayout::tag_v(r.item)});
-      stats.fwd_bytes_received += 2 * r.tokens.size() * row;
+          {r.owner, v_cols.row(col), bytes, CommLayout::tag(r.index, Message::kV)});
     }
     std::vector<std::unique_ptr<CommHandle>> handles;
     handles.push_back(comm->start(sends, {}));
-    for (int s = 1; s <= stages; ++s) handles.push_back(comm->start({}, recvs[s]));
-    have_kv = true;
+    for (int s = 1; s <= me().num_stages; ++s) handles.push_back(comm->start({}, recvs[s]));
     return handles;
   }
 };
@@ -166,6 +161,7 @@ DistAttention::DistAttention(const Mask& mask, Communicator& comm, std::int64_t 
                              const DistAttentionOptions& options)
     : impl_(std::make_unique<Impl>()) {
   Impl& m = *impl_;
+  const ArgChecker c("flexcp::DistAttention");
   m.comm = &comm;
   m.heads_q = heads_q;
   m.heads_kv = heads_kv;
@@ -173,45 +169,52 @@ DistAttention::DistAttention(const Mask& mask, Communicator& comm, std::int64_t 
   m.dtype = dtype;
   m.attention = options.attention;
   if (heads_q < 1 || heads_kv < 1 || head_dim < 1 || heads_q % heads_kv != 0)
-    fail(Status::kInvalidArgument,
-         "heads_q " + std::to_string(heads_q) + ", heads_kv " + std::to_string(heads_kv) +
-             ", head_dim " + std::to_string(head_dim) +
-             ": expected positive sizes with heads_q a multiple of heads_kv");
-  if (dtype == DType::kFloat64)
-    fail(Status::kInvalidArgument, "dtype fp64: expected fp32, bf16 or fp16");
-  if (!options.attention.sink.empty() &&
-      (options.attention.sink.ndim != 1 || options.attention.sink.shape[0] != heads_q ||
-       options.attention.sink.dtype != DType::kFloat32))
-    fail(Status::kInvalidArgument, "sink must be fp32 [" + std::to_string(heads_q) + "]");
+    c.fail("heads_q " + std::to_string(heads_q) + ", heads_kv " + std::to_string(heads_kv) +
+           ", head_dim " + std::to_string(head_dim) +
+           ": expected positive sizes with heads_q a multiple of heads_kv");
+  if (dtype == DType::kFloat64) c.fail("dtype fp64: expected fp32, bf16 or fp16");
+  if (options.plan.device != Device::kCpu)
+    throw Error(Status::kNotCompiled,
+                "flexcp::DistAttention: plan.device is cuda; the GPU runtime is not built yet, "
+                "DistAttention runs on host memory (device cpu)");
+  const TensorView& sink = options.attention.sink;
+  if (!sink.empty()) {
+    c.tensor("sink", sink, {heads_q}, "[Hq]", DType::kFloat32, Device::kCpu);
+    c.contiguous("sink", sink);
+  }
   PlanOptions po = options.plan;
   po.world_size = comm.size();
   po.heads_q = heads_q;
   po.heads_kv = heads_kv;
   po.head_dim = head_dim;
-  po.element_bytes = static_cast<std::int64_t>(dtype_size(dtype));
+  po.dtype = dtype;
+  po.device = Device::kCpu;
 
   // Every rank must plan the same problem: compare fingerprints before any data moves.
   Fingerprint fp;
   const std::string spec = mask.to_json();
   fp.add(spec.data(), spec.size());
   for (std::int64_t x :
-       {heads_q, heads_kv, head_dim, po.chunk_size, static_cast<std::int64_t>(dtype),
-        static_cast<std::int64_t>(po.gpus_per_node), static_cast<std::int64_t>(po.num_stages)})
+       {heads_q, heads_kv, head_dim, po.chunk_size, po.chunks_per_rank,
+        static_cast<std::int64_t>(dtype), static_cast<std::int64_t>(po.gpus_per_node),
+        static_cast<std::int64_t>(po.num_stages)})
     fp.add(x);
   for (double x : {options.attention.scale, options.attention.softcap, po.cost.kernel_tflops,
                    po.cost.intra_node_gbps, po.cost.inter_node_gbps, po.cost.stage_overhead_us})
     fp.add(x);
+  if (!sink.empty()) fp.add(sink.data, static_cast<std::size_t>(heads_q) * sizeof(float));
   std::vector<std::uint64_t> all(comm.size());
   comm.all_gather(&fp.h, sizeof fp.h, all.data());
   for (int r = 1; r < comm.size(); ++r)
     if (all[r] != all[0])
-      fail(Status::kInvalidUsage, "rank " + std::to_string(r) +
-                                      "'s mask, shapes or options differ from rank 0's; every rank "
-                                      "must plan the same problem");
+      throw Error(Status::kInvalidUsage,
+                  "flexcp::DistAttention: rank " + std::to_string(r) +
+                      "'s mask, shapes or options differ from rank 0's; every rank must plan "
+                      "the same problem");
 
-  m.plan = make_plan(mask, po);
-  m.layout = runtime::make_comm_layout(m.plan, comm.rank());
-  m.positions = m.plan.position_ids(comm.rank());
+  m.plan = make_plan(mask, po, comm.rank());
+  m.layout = runtime::make_comm_layout(m.plan.rank);
+  m.positions = m.plan.dispatch.position_ids(comm.rank());
 }
 
 DistAttention::~DistAttention() = default;
@@ -223,16 +226,13 @@ int DistAttention::rank() const {
   return impl_->comm->rank();
 }
 std::int64_t DistAttention::local_q_tokens() const {
-  return impl_->plan.ranks[rank()].num_q_tokens;
+  return impl_->q_rows();
 }
 std::int64_t DistAttention::local_k_tokens() const {
   return impl_->layout.own_columns;
 }
 std::vector<std::int64_t> DistAttention::position_ids() const {
   return impl_->positions;
-}
-const DistStats& DistAttention::stats() const {
-  return impl_->stats;
 }
 
 namespace {
@@ -258,64 +258,71 @@ std::vector<std::int64_t> own_kv_tokens(const CommLayout& layout) {
   return t;
 }
 
-void check_pair(const char* fn, const TensorView& global, const TensorView& local,
+// A global tensor and a local one of the same heads, dim and dtype, in host memory, contiguous.
+void check_pair(const ArgChecker& c, const TensorView& global, const TensorView& local,
                 std::int64_t total, std::int64_t rows) {
-  if (global.ndim != 3 || local.ndim != 3 || global.shape[0] != total || local.shape[0] != rows ||
-      global.shape[1] != local.shape[1] || global.shape[2] != local.shape[2] ||
-      global.dtype != local.dtype)
-    fail(Status::kInvalidArgument,
-         std::string(fn) + ": global " + global.shape_string() + " and local " +
-             local.shape_string() + " do not match (" + std::to_string(total) + " global and " +
-             std::to_string(rows) + " local tokens, same heads, dim, dtype)");
-  require_contiguous(fn, "global", global);
-  require_contiguous(fn, "local", local);
+  c.dims("global", global, 3, "[T, H, D]");
+  c.tensor("global", global, {total, global.shape[1], global.shape[2]}, "[T, H, D]", global.dtype,
+           Device::kCpu);
+  c.tensor("local", local, {rows, global.shape[1], global.shape[2]}, "[T_local, H, D]",
+           global.dtype, Device::kCpu);
+  c.contiguous("global", global);
+  c.contiguous("local", local);
+}
+
+std::int64_t total_k_tokens(const Dispatch& d) {
+  std::int64_t total = 0;
+  for (const Range& r : d.kv_chunks) total += r.size();
+  return total;
 }
 
 }  // namespace
 
 void DistAttention::dispatch_q(const TensorView& global, const TensorView& local) const {
-  check_pair("dispatch_q", global, local, impl_->plan.chunks.back().end, local_q_tokens());
+  check_pair(ArgChecker("flexcp::DistAttention::dispatch_q"), global, local,
+             impl_->plan.dispatch.chunks.back().end, local_q_tokens());
   copy_rows(global, local, impl_->positions, true);
 }
 
 void DistAttention::dispatch_kv(const TensorView& global, const TensorView& local) const {
-  const std::vector<std::int64_t> tokens = own_kv_tokens(impl_->layout);
-  std::int64_t total = 0;
-  for (const RankPlan& r : impl_->plan.ranks) total += r.num_k_tokens;
-  check_pair("dispatch_kv", global, local, total, local_k_tokens());
-  copy_rows(global, local, tokens, true);
+  check_pair(ArgChecker("flexcp::DistAttention::dispatch_kv"), global, local,
+             total_k_tokens(impl_->plan.dispatch), local_k_tokens());
+  copy_rows(global, local, own_kv_tokens(impl_->layout), true);
 }
 
 void DistAttention::undispatch_q(const TensorView& local, const TensorView& global) {
-  const Plan& p = impl_->plan;
-  check_pair("undispatch_q", global, local, p.chunks.back().end, local_q_tokens());
+  const Dispatch& d = impl_->plan.dispatch;
+  check_pair(ArgChecker("flexcp::DistAttention::undispatch_q"), global, local, d.chunks.back().end,
+             local_q_tokens());
   const std::size_t row = static_cast<std::size_t>(local.strides[0]) * dtype_size(local.dtype);
   std::vector<std::size_t> counts;
-  for (const RankPlan& r : p.ranks) counts.push_back(r.num_q_tokens * row);
-  std::vector<unsigned char> all(row * global.shape[0]);
-  impl_->comm->all_gather_v(local.data, counts, all.data());
   std::vector<std::int64_t> order;
-  for (int r = 0; r < static_cast<int>(p.ranks.size()); ++r) {
-    const auto ids = p.position_ids(r);
+  for (int r = 0; r < d.world_size; ++r) {
+    const auto ids = d.position_ids(r);
+    counts.push_back(ids.size() * row);
     order.insert(order.end(), ids.begin(), ids.end());
   }
+  std::vector<unsigned char> all(row * global.shape[0]);
+  impl_->comm->all_gather_v(local.data, counts, all.data());
   copy_rows(make_view(all.data(), local.dtype, {global.shape[0], global.shape[1], global.shape[2]}),
             global, order, false);
 }
 
 void DistAttention::undispatch_kv(const TensorView& local, const TensorView& global) {
-  const Plan& p = impl_->plan;
-  std::int64_t total = 0;
-  for (const RankPlan& r : p.ranks) total += r.num_k_tokens;
-  check_pair("undispatch_kv", global, local, total, local_k_tokens());
+  const Dispatch& d = impl_->plan.dispatch;
+  const std::int64_t total = total_k_tokens(d);
+  check_pair(ArgChecker("flexcp::DistAttention::undispatch_kv"), global, local, total,
+             local_k_tokens());
   const std::size_t row = static_cast<std::size_t>(local.strides[0]) * dtype_size(local.dtype);
-  std::vector<std::size_t> counts;
-  std::vector<std::int64_t> order;
-  for (const RankPlan& r : p.ranks) {
-    counts.push_back(r.num_k_tokens * row);
-    for (const Range& k : r.k_tokens)
-      for (std::int64_t t = k.begin; t < k.end; ++t) order.push_back(t);
+  std::vector<std::size_t> counts(d.world_size, 0);
+  std::vector<std::vector<std::int64_t>> tokens(d.world_size);
+  for (std::size_t c = 0; c < d.kv_chunks.size(); ++c) {
+    counts[d.kv_owner[c]] += d.kv_chunks[c].size() * row;
+    for (std::int64_t t = d.kv_chunks[c].begin; t < d.kv_chunks[c].end; ++t)
+      tokens[d.kv_owner[c]].push_back(t);
   }
+  std::vector<std::int64_t> order;
+  for (const auto& t : tokens) order.insert(order.end(), t.begin(), t.end());
   std::vector<unsigned char> all(row * total);
   impl_->comm->all_gather_v(local.data, counts, all.data());
   copy_rows(make_view(all.data(), local.dtype, {total, global.shape[1], global.shape[2]}), global,
@@ -325,200 +332,218 @@ void DistAttention::undispatch_kv(const TensorView& local, const TensorView& glo
 void DistAttention::gather_kv(const TensorView& k, const TensorView& v, const TensorView& k_buffer,
                               const TensorView& v_buffer) {
   Impl& m = *impl_;
-  m.check_local("gather_kv", "k", k, m.layout.own_columns, m.heads_kv, m.dtype);
-  m.check_local("gather_kv", "v", v, m.layout.own_columns, m.heads_kv, m.dtype);
-  m.check_local("gather_kv", "k_buffer", k_buffer, m.layout.total_columns, m.heads_kv, m.dtype);
-  m.check_local("gather_kv", "v_buffer", v_buffer, m.layout.total_columns, m.heads_kv, m.dtype);
-  std::vector<unsigned char> packed;
-  auto handles = m.start_kv_exchange(k, v, packed);
+  const ArgChecker c("flexcp::DistAttention::gather_kv");
+  m.check_local(c, "k", k, m.layout.own_columns, m.heads_kv);
+  m.check_local(c, "v", v, m.layout.own_columns, m.heads_kv);
+  m.check_local(c, "k_buffer", k_buffer, m.layout.total_columns, m.heads_kv);
+  m.check_local(c, "v_buffer", v_buffer, m.layout.total_columns, m.heads_kv);
+  Buffer kc(m.dtype, m.layout.total_columns, m.heads_kv, m.head_dim),
+      vc(m.dtype, m.layout.total_columns, m.heads_kv, m.head_dim);
+  DistStats stats;
+  auto handles = m.start_kv_exchange(k, v, kc, vc, stats);
   for (auto it = handles.rbegin(); it != handles.rend(); ++it) (*it)->wait();
-  std::memcpy(k_buffer.data, m.k_buf.bytes.data(), m.layout.total_columns * m.kv_row_bytes());
-  std::memcpy(v_buffer.data, m.v_buf.bytes.data(), m.layout.total_columns * m.kv_row_bytes());
+  std::memcpy(k_buffer.data, kc.bytes.data(), m.layout.total_columns * m.kv_row_bytes());
+  std::memcpy(v_buffer.data, vc.bytes.data(), m.layout.total_columns * m.kv_row_bytes());
 }
 
-void DistAttention::forward(const TensorView& q, const TensorView& k, const TensorView& v,
-                            const TensorView& out, const TensorView& lse) {
+DistContext DistAttention::forward(const TensorView& q, const TensorView& k, const TensorView& v,
+                                   const TensorView& out, const TensorView& lse) {
   Impl& m = *impl_;
   const auto t_all = std::chrono::steady_clock::now();
-  const std::int64_t tq = local_q_tokens();
-  m.check_local("forward", "q", q, tq, m.heads_q, m.dtype);
-  m.check_local("forward", "k", k, m.layout.own_columns, m.heads_kv, m.dtype);
-  m.check_local("forward", "v", v, m.layout.own_columns, m.heads_kv, m.dtype);
-  m.check_local("forward", "out", out, tq, m.heads_q, m.dtype);
-  if (lse.ndim != 2 || lse.shape[0] != tq || lse.shape[1] != m.heads_q ||
-      lse.dtype != DType::kFloat32 || !lse.is_contiguous())
-    fail(Status::kInvalidArgument, "forward: lse has shape " + lse.shape_string() +
-                                       ", expected contiguous fp32 [" + std::to_string(tq) + ", " +
-                                       std::to_string(m.heads_q) + "]");
-  m.stats.forward.assign(m.plan.num_stages + 1, {});
-  std::vector<unsigned char> packed;
-  auto handles = m.start_kv_exchange(k, v, packed);
+  const ArgChecker c("flexcp::DistAttention::forward");
+  const std::int64_t tq = m.q_rows(), hq = m.heads_q, dim = m.head_dim;
+  m.check_local(c, "q", q, tq, hq);
+  m.check_local(c, "k", k, m.layout.own_columns, m.heads_kv);
+  m.check_local(c, "v", v, m.layout.own_columns, m.heads_kv);
+  m.check_local(c, "out", out, tq, hq);
+  m.check_lse(c, lse);
+  c.no_alias({{"out", &out}, {"lse", &lse}},
+             {{"q", &q}, {"k", &k}, {"v", &v}, {"out", &out}, {"lse", &lse}});
 
-  // Partial results of each stage merge into fp32 accumulators through their LSE.
-  const AttentionShape shape = m.kernel_shape(m.layout.total_columns);
+  auto state = std::make_unique<DistContext::State>();
+  state->owner = m.id;
+  state->k = Buffer(m.dtype, m.layout.total_columns, m.heads_kv, dim);
+  state->v = Buffer(m.dtype, m.layout.total_columns, m.heads_kv, dim);
+  DistStats& stats = state->stats;
+  const int stages = m.me().num_stages;
+  stats.forward.assign(stages + 1, {});
+  auto handles = m.start_kv_exchange(k, v, state->k, state->v, stats);
+
+  // Partial results of each stage merge into fp32 accumulators through their LSE; the sink joins
+  // the denominator once, after the merge.
   AttentionOptions partial = m.attention;
-  partial.sink = {};  // the sink joins the denominator once, after the merge
-  Buffer acc(DType::kFloat32, tq, m.heads_q, m.head_dim), acc_lse(DType::kFloat32, tq, m.heads_q);
-  Buffer part(DType::kFloat32, tq, m.heads_q, m.head_dim), part_lse(DType::kFloat32, tq, m.heads_q);
-  std::fill(acc_lse.f32(), acc_lse.f32() + tq * m.heads_q, kNegInf);
-  const RankPlan& rp = m.plan.ranks[rank()];
-  for (int s = 0; s <= m.plan.num_stages; ++s) {
+  partial.sink = {};
+  Buffer acc(DType::kFloat32, tq, hq, dim), part(DType::kFloat32, tq, hq, dim);
+  std::vector<float> acc_lse(tq * hq, kNegInf), part_lse(tq * hq);
+  const TensorView part_lse_view = make_view(part_lse.data(), DType::kFloat32, {tq, hq});
+  for (int s = 0; s <= stages; ++s) {
     auto t0 = std::chrono::steady_clock::now();
-    if (s > 0) handles[s]->wait();
-    m.stats.forward[s].wait_ms = ms_since(t0);
+    if (s > 0) {
+      handles[s]->wait();
+      stats.fwd_bytes_received += static_cast<std::int64_t>(handles[s]->bytes_received());
+    }
+    stats.forward[s].wait_ms = ms_since(t0);
     t0 = std::chrono::steady_clock::now();
-    if (!rp.stage_work[s].empty()) {
-      cpu::forward(shape, q, m.k_buf.view, m.v_buf.view, rp.stage_work[s], part.view, part_lse.view,
-                   partial);
+    if (m.me().stage_plans[s].area() > 0) {
+      cpu::forward(m.stage_shape(s), m.me().stage_plans[s].impl(), q, state->k.view, state->v.view,
+                   part.view, part_lse_view, partial);
       float* o = acc.f32();
-      float* l = acc_lse.f32();
       const float* po = part.f32();
-      const float* pl = part_lse.f32();
-      for (std::int64_t i = 0; i < tq * m.heads_q; ++i) {
-        if (pl[i] == kNegInf) continue;
-        const float mx = std::max(l[i], pl[i]);
-        const float merged = mx + std::log(std::exp(l[i] - mx) + std::exp(pl[i] - mx));
-        const float wa = l[i] == kNegInf ? 0.0f : std::exp(l[i] - merged),
-                    wb = std::exp(pl[i] - merged);
-        for (std::int64_t d = 0; d < m.head_dim; ++d)
-          o[i * m.head_dim + d] = wa * o[i * m.head_dim + d] + wb * po[i * m.head_dim + d];
-        l[i] = merged;
+      for (std::int64_t i = 0; i < tq * hq; ++i) {
+        if (part_lse[i] == kNegInf) continue;
+        const LseMerge mg = merge_lse(acc_lse[i], part_lse[i]);
+        for (std::int64_t d = 0; d < dim; ++d)
+          o[i * dim + d] = mg.weight_a * o[i * dim + d] + mg.weight_b * po[i * dim + d];
+        acc_lse[i] = mg.lse;
       }
     }
-    m.stats.forward[s].compute_ms = ms_since(t0);
+    stats.forward[s].compute_ms = ms_since(t0);
   }
   handles[0]->wait();
   // Sink, then the outputs in their dtypes; a row with no attended key keeps out = 0, lse = -inf.
   const float* sink = static_cast<const float*>(m.attention.sink.data);
   float* o = acc.f32();
-  float* l = acc_lse.f32();
-  for (std::int64_t i = 0; i < tq * m.heads_q; ++i) {
-    if (sink && l[i] != kNegInf) {
-      const float sk = sink[i % m.heads_q];
-      const float total = std::max(l[i], sk) + std::log1p(std::exp(-std::abs(l[i] - sk)));
-      const float w = std::exp(l[i] - total);
-      for (std::int64_t d = 0; d < m.head_dim; ++d) o[i * m.head_dim + d] *= w;
-      l[i] = total;
+  for (std::int64_t i = 0; i < tq * hq; ++i) {
+    float l = acc_lse[i];
+    if (sink && l != kNegInf) {
+      const LseMerge mg = merge_lse(l, sink[i % hq]);
+      for (std::int64_t d = 0; d < dim; ++d) o[i * dim + d] *= mg.weight_a;
+      l = mg.lse;
     }
-    static_cast<float*>(lse.data)[i] = l[i];
-    for (std::int64_t d = 0; d < m.head_dim; ++d)
-      store_float(out.data, m.dtype, i * m.head_dim + d, o[i * m.head_dim + d]);
+    static_cast<float*>(lse.data)[i] = l;
+    for (std::int64_t d = 0; d < dim; ++d)
+      store_float(out.data, m.dtype, i * dim + d, o[i * dim + d]);
   }
-  m.stats.forward_ms = ms_since(t_all);
+  stats.forward_ms = ms_since(t_all);
+  return DistContext(std::move(state));
 }
 
-void DistAttention::backward(const TensorView& dout, const TensorView& q, const TensorView& k,
-                             const TensorView& v, const TensorView& out, const TensorView& lse,
-                             const TensorView& dq, const TensorView& dk, const TensorView& dv,
-                             const TensorView& dsink) {
+void DistAttention::backward(DistContext& context, const TensorView& dout, const TensorView& q,
+                             const TensorView& out, const TensorView& lse, const TensorView& dq,
+                             const TensorView& dk, const TensorView& dv, const TensorView& dsink) {
   Impl& m = *impl_;
   const auto t_all = std::chrono::steady_clock::now();
-  const std::int64_t tq = local_q_tokens(), own = m.layout.own_columns,
-                     cols = m.layout.total_columns;
-  if (!m.have_kv)
-    fail(Status::kInvalidUsage, "backward: call forward first (backward reuses its K/V)");
+  const ArgChecker c("flexcp::DistAttention::backward");
+  if (context.empty())
+    throw Error(Status::kInvalidUsage,
+                c.fn() + ": the context is empty; pass the one this object's forward returned");
+  DistContext::State& ctx = *context.state_;
+  if (ctx.owner != m.id)
+    throw Error(Status::kInvalidUsage,
+                c.fn() +
+                    ": the context comes from another DistAttention; a backward takes the "
+                    "context of a forward of the same object");
+  const std::int64_t tq = m.q_rows(), own = m.layout.own_columns, cols = m.layout.total_columns;
+  const std::int64_t hq = m.heads_q, hk = m.heads_kv, dim = m.head_dim;
   for (auto [name, t] : {std::pair{"dout", &dout}, {"q", &q}, {"out", &out}, {"dq", &dq}})
-    m.check_local("backward", name, *t, tq, m.heads_q, m.dtype);
-  for (auto [name, t] : {std::pair{"k", &k}, {"v", &v}, {"dk", &dk}, {"dv", &dv}})
-    m.check_local("backward", name, *t, own, m.heads_kv, m.dtype);
-  m.stats.backward.assign(m.plan.num_stages + 1, {});
-  const std::size_t row = static_cast<std::size_t>(m.heads_kv * m.head_dim) * sizeof(float);
+    m.check_local(c, name, *t, tq, hq);
+  m.check_lse(c, lse);
+  for (auto [name, t] : {std::pair{"dk", &dk}, {"dv", &dv}}) m.check_local(c, name, *t, own, hk);
+  if (!dsink.empty()) {
+    if (m.attention.sink.empty()) c.fail("dsink was given but the options carry no sink");
+    c.tensor("dsink", dsink, {hq}, "[Hq]", DType::kFloat32, Device::kCpu);
+    c.contiguous("dsink", dsink);
+  }
+  c.no_alias({{"dq", &dq}, {"dk", &dk}, {"dv", &dv}, {"dsink", &dsink}}, {{"dout", &dout},
+                                                                          {"q", &q},
+                                                                          {"out", &out},
+                                                                          {"lse", &lse},
+                                                                          {"dq", &dq},
+                                                                          {"dk", &dk},
+                                                                          {"dv", &dv},
+                                                                          {"dsink", &dsink}});
+  DistStats& stats = ctx.stats;
+  stats.bwd_bytes_received = stats.bwd_bytes_sent = 0;
+  const int stages = m.me().num_stages;
+  stats.backward.assign(stages + 1, {});
+  const std::size_t row = static_cast<std::size_t>(hk * dim) * sizeof(float);
 
-  // Group-reduce receives, posted first: every destination's dK/dV partials of each item we own.
+  // Group-reduce receives, posted first: every destination's dK/dV partials of each piece it
+  // received from this rank.
   std::vector<RecvOp> recvs;
-  std::vector<std::unique_ptr<Buffer>> partials;
-  for (const auto& s : m.layout.sends)
-    for (int d : s.dests) {
-      partials.push_back(
-          std::make_unique<Buffer>(DType::kFloat32, 2 * s.tokens.size(), m.heads_kv, m.head_dim));
-      recvs.push_back(
-          {d, partials.back()->row(0), s.tokens.size() * row, CommLayout::tag_k(s.item)});
-      recvs.push_back({d, partials.back()->row(s.tokens.size()), s.tokens.size() * row,
-                       CommLayout::tag_v(s.item)});
-      m.stats.bwd_bytes_received += 2 * s.tokens.size() * row;
-    }
+  std::vector<Buffer> partials;
+  partials.reserve(m.me().sends.size());
+  for (const SendRange& s : m.me().sends) {
+    partials.emplace_back(DType::kFloat32, 2 * s.tokens.size(), hk, dim);
+    Buffer& p = partials.back();
+    const std::size_t bytes = s.tokens.size() * row;
+    recvs.push_back({s.dest, p.row(0), bytes, CommLayout::tag(s.index, Message::kGradK)});
+    recvs.push_back(
+        {s.dest, p.row(s.tokens.size()), bytes, CommLayout::tag(s.index, Message::kGradV)});
+  }
   auto reduce_in = m.comm->start({}, recvs);
 
-  const AttentionShape shape = m.kernel_shape(cols);
   AttentionOptions partial = m.attention;
   partial.sink = {};
-  Buffer dq_acc(DType::kFloat32, tq, m.heads_q, m.head_dim),
-      dq_part(DType::kFloat32, tq, m.heads_q, m.head_dim);
-  Buffer dk_acc(DType::kFloat32, cols, m.heads_kv, m.head_dim),
-      dv_acc(DType::kFloat32, cols, m.heads_kv, m.head_dim);
-  Buffer dk_part(DType::kFloat32, cols, m.heads_kv, m.head_dim),
-      dv_part(DType::kFloat32, cols, m.heads_kv, m.head_dim);
-  const RankPlan& rp = m.plan.ranks[rank()];
+  Buffer dq_acc(DType::kFloat32, tq, hq, dim), dq_part(DType::kFloat32, tq, hq, dim);
+  Buffer dk_acc(DType::kFloat32, cols, hk, dim), dv_acc(DType::kFloat32, cols, hk, dim);
+  Buffer dk_part(DType::kFloat32, cols, hk, dim), dv_part(DType::kFloat32, cols, hk, dim);
   std::vector<std::unique_ptr<CommHandle>> reduce_out;
-  for (int s = 0; s <= m.plan.num_stages; ++s) {
+  for (int s = 0; s <= stages; ++s) {
     const auto t0 = std::chrono::steady_clock::now();
-    if (!rp.stage_work[s].empty()) {
-      cpu::backward(shape, dout, q, m.k_buf.view, m.v_buf.view, out, lse, rp.stage_work[s],
-                    dq_part.view, dk_part.view, dv_part.view, partial, {});
-      for (auto [acc, part, n] : {std::tuple{&dq_acc, &dq_part, tq * m.heads_q * m.head_dim},
-                                  {&dk_acc, &dk_part, cols * m.heads_kv * m.head_dim},
-                                  {&dv_acc, &dv_part, cols * m.heads_kv * m.head_dim}}) {
+    if (m.me().stage_plans[s].area() > 0) {
+      cpu::backward(m.stage_shape(s), m.me().stage_plans[s].impl(), dout, q, ctx.k.view, ctx.v.view,
+                    out, lse, dq_part.view, dk_part.view, dv_part.view, partial, {});
+      for (auto [acc, part, n] : {std::tuple{&dq_acc, &dq_part, tq * hq * dim},
+                                  {&dk_acc, &dk_part, cols * hk * dim},
+                                  {&dv_acc, &dv_part, cols * hk * dim}}) {
         float* a = acc->f32();
         const float* p = part->f32();
         for (std::int64_t i = 0; i < n; ++i) a[i] += p[i];
       }
     }
-    m.stats.backward[s].compute_ms = ms_since(t0);
+    stats.backward[s].compute_ms = ms_since(t0);
     // This stage's received columns are final now: return their partials to the owners.
     std::vector<SendOp> sends;
-    for (const auto& r : m.layout.recvs)
-      if (r.stage == s) {
-        sends.push_back(
-            {r.owner, dk_acc.row(r.column), r.tokens.size() * row, CommLayout::tag_k(r.item)});
-        sends.push_back(
-            {r.owner, dv_acc.row(r.column), r.tokens.size() * row, CommLayout::tag_v(r.item)});
-        m.stats.bwd_bytes_sent += 2 * r.tokens.size() * row;
-      }
+    for (std::size_t i = 0; i < m.me().recv.size(); ++i) {
+      const RemoteRange& r = m.me().recv[i];
+      if (r.stage != s) continue;
+      const std::int64_t col = m.layout.recv_column[i];
+      const std::size_t bytes = r.tokens.size() * row;
+      sends.push_back({r.owner, dk_acc.row(col), bytes, CommLayout::tag(r.index, Message::kGradK)});
+      sends.push_back({r.owner, dv_acc.row(col), bytes, CommLayout::tag(r.index, Message::kGradV)});
+      stats.bwd_bytes_sent += 2 * static_cast<std::int64_t>(bytes);
+    }
     if (!sends.empty()) reduce_out.push_back(m.comm->start(sends, {}));
   }
   reduce_in->wait();
-  // Sum the partials in a fixed order (items, then destinations): deterministic.
-  std::size_t next = 0;
-  for (const auto& s : m.layout.sends)
-    for (std::size_t di = 0; di < s.dests.size(); ++di, ++next) {
-      Buffer& p = *partials[next];
-      for (std::int64_t t = s.tokens.begin; t < s.tokens.end; ++t) {
-        const std::int64_t r = m.layout.own_row(t);
-        const float* pk = reinterpret_cast<const float*>(p.row(t - s.tokens.begin));
-        const float* pv =
-            reinterpret_cast<const float*>(p.row(s.tokens.size() + (t - s.tokens.begin)));
-        float* ak = reinterpret_cast<float*>(dk_acc.row(r));
-        float* av = reinterpret_cast<float*>(dv_acc.row(r));
-        for (std::int64_t i = 0; i < m.heads_kv * m.head_dim; ++i) ak[i] += pk[i], av[i] += pv[i];
-      }
+  stats.bwd_bytes_received = static_cast<std::int64_t>(reduce_in->bytes_received());
+  // Sum the partials in a fixed order (destinations, then pieces): deterministic.
+  for (std::size_t i = 0; i < m.me().sends.size(); ++i) {
+    const SendRange& s = m.me().sends[i];
+    Buffer& p = partials[i];
+    for (std::int64_t t = s.tokens.begin; t < s.tokens.end; ++t) {
+      const std::int64_t r = m.layout.own_row(t);
+      const float* pk = reinterpret_cast<const float*>(p.row(t - s.tokens.begin));
+      const float* pv =
+          reinterpret_cast<const float*>(p.row(s.tokens.size() + (t - s.tokens.begin)));
+      float* ak = reinterpret_cast<float*>(dk_acc.row(r));
+      float* av = reinterpret_cast<float*>(dv_acc.row(r));
+      for (std::int64_t j = 0; j < hk * dim; ++j) ak[j] += pk[j], av[j] += pv[j];
     }
+  }
   for (auto& h : reduce_out) h->wait();
-  for (std::int64_t i = 0; i < tq * m.heads_q * m.head_dim; ++i)
+  for (std::int64_t i = 0; i < tq * hq * dim; ++i)
     store_float(dq.data, m.dtype, i, dq_acc.f32()[i]);
-  for (std::int64_t i = 0; i < own * m.heads_kv * m.head_dim; ++i) {
+  for (std::int64_t i = 0; i < own * hk * dim; ++i) {
     store_float(dk.data, m.dtype, i, dk_acc.f32()[i]);
     store_float(dv.data, m.dtype, i, dv_acc.f32()[i]);
   }
   if (!dsink.empty()) {
-    if (m.attention.sink.empty())
-      fail(Status::kInvalidArgument, "backward: dsink was given but the options carry no sink");
-    if (dsink.ndim != 1 || dsink.shape[0] != m.heads_q || dsink.dtype != DType::kFloat32 ||
-        !dsink.is_contiguous())
-      fail(Status::kInvalidArgument, "backward: dsink has shape " + dsink.shape_string() +
-                                         ", expected contiguous fp32 [" +
-                                         std::to_string(m.heads_q) + "]");
     // Each rank's rows, then the sum over ranks in rank order (deterministic).
-    std::vector<float> mine(m.heads_q), all(m.heads_q * m.comm->size());
+    std::vector<float> mine(hq), all(hq * m.comm->size());
+    CallShape shape;
+    static_cast<AttentionShape&>(shape) = m.me().stage_plans[0].shape();
     cpu::sink_gradient(shape, dout, out, lse, m.attention,
-                       make_view(mine.data(), DType::kFloat32, {m.heads_q}));
+                       make_view(mine.data(), DType::kFloat32, {hq}));
     m.comm->all_gather(mine.data(), mine.size() * sizeof(float), all.data());
-    for (std::int64_t h = 0; h < m.heads_q; ++h) {
+    for (std::int64_t h = 0; h < hq; ++h) {
       float total = 0;
-      for (int r = 0; r < m.comm->size(); ++r) total += all[r * m.heads_q + h];
+      for (int r = 0; r < m.comm->size(); ++r) total += all[r * hq + h];
       static_cast<float*>(dsink.data)[h] = total;
     }
   }
-  m.stats.backward_ms = ms_since(t_all);
+  stats.backward_ms = ms_since(t_all);
 }
 
 }  // namespace flexcp

@@ -80,7 +80,7 @@ TEST(Errors, ForwardShapeDtypeAndDeviceMistakes) {
   TensorView kdev = f.k.view;
   kdev.device = Device::kCuda;
   EXPECT_EQ(fwd(f.q.view, kdev, f.v.view, f.out.view, f.lse.view),
-            "flexcp::forward: k is on another device than q");
+            "flexcp::forward: k is on cuda:0, expected cpu (the device of q)");
   // Nothing above wrote to out.
   for (std::int64_t i = 0; i < f.out.numel(); ++i) ASSERT_TRUE(std::isnan(f.out.get(i)));
 }
@@ -107,6 +107,50 @@ TEST(Errors, BackwardMistakes) {
                        dq_short.view, dk.view, dv.view);
             }),
             "flexcp::backward: dq has shape [8, 4, 8], expected [8, 4, 16]");
+}
+
+TEST(Errors, PlansCheckTheirWorkAndTheTensorsTheyRunOn) {
+  Fixture f;
+  const AttentionShape shape{8, 10, 4, 2, 16, DType::kFloat32, Device::kCpu};
+  const AttentionPlan plan(f.mask, shape);
+  EXPECT_EQ(plan.area(), f.mask.area());
+  EXPECT_EQ(plan.workspace_bytes(), 0u);
+  Tensor q9(DType::kFloat32, {9, 4, 16});
+  EXPECT_EQ(error_of([&] { forward(plan, q9.view, f.k.view, f.v.view, f.out.view, f.lse.view); }),
+            "flexcp::forward: q has shape [9, 4, 16], expected [8, 4, 16] (the plan's shape)");
+  Tensor qb(DType::kBFloat16, {8, 4, 16}), kb(DType::kBFloat16, {10, 2, 16});
+  EXPECT_EQ(error_of([&] { forward(plan, qb.view, kb.view, kb.view, f.out.view, f.lse.view); }),
+            "flexcp::forward: q has dtype bf16, expected fp32 (the plan's dtype)");
+  EXPECT_EQ(
+      error_of(
+          [&] { forward(AttentionPlan(), f.q.view, f.k.view, f.v.view, f.out.view, f.lse.view); },
+          Status::kInvalidUsage),
+      "flexcp::forward: the plan is empty (default-constructed or moved from)");
+  EXPECT_EQ(error_of([] {
+              AttentionPlan(masks::causal(8, 8), {8, 10, 4, 2, 16});
+            }),
+            "flexcp::AttentionPlan: the mask is 8 x 8 tokens, expected the shape's 8 x 10");
+  // Bands given directly are checked like a mask's slices: inside the shape, no pair twice.
+  const Band full = slice_band({{0, 8}, {0, 10}, MaskType::kFull});
+  const Band tail = slice_band({{6, 8}, {9, 12}, MaskType::kFull});
+  EXPECT_EQ(error_of([&] { AttentionPlan({tail}, shape); }),
+            "flexcp::AttentionPlan: work band 0 covers rows [6, 8) and columns [9, 12), expected "
+            "inside [0, 8) x [0, 10)");
+  EXPECT_EQ(error_of([&] {
+              AttentionPlan({full, slice_band({{3, 4}, {5, 6}, MaskType::kFull})}, shape);
+            }),
+            "flexcp::AttentionPlan: work bands 0 and 1 (of the non-empty ones) both cover the "
+            "pair (q=3, k=5); the work must not cover a pair twice");
+  // Nothing above wrote to out.
+  for (std::int64_t i = 0; i < f.out.numel(); ++i) ASSERT_TRUE(std::isnan(f.out.get(i)));
+}
+
+TEST(Errors, HostPlansHaveNoWorkspaceAndDevicePlansNeedOne) {
+  const AttentionPlan host(masks::causal(8, 8), {8, 8, 2, 1, 16, DType::kFloat32});
+  AttentionPlan copy = AttentionPlan(masks::causal(8, 8), {8, 8, 2, 1, 16, DType::kFloat32});
+  EXPECT_EQ(error_of([&] { copy.bind_workspace(nullptr, 0); }, Status::kInvalidUsage),
+            "flexcp::AttentionPlan::bind_workspace: a host plan needs no workspace");
+  EXPECT_FALSE(host.has_workspace());
 }
 
 TEST(Errors, CudaTensorsWithoutACudaKernelSayNotCompiled) {

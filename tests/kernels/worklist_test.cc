@@ -9,8 +9,14 @@
 namespace flexcp {
 namespace {
 
-// Replays a work list the way a kernel does and counts how often each (q, k) pair is computed.
-std::vector<int> replay(const WorkList& list, const Mask& mask, bool row_major) {
+WorkList list_of(const Mask& mask, const WorkListOptions& options) {
+  return build_work_list(mask_bands(mask), mask.seqlen_q(), mask.seqlen_k(), options);
+}
+
+// Replays a work list the way a kernel does, block by block with the one in-tile rule
+// (attended_columns), and counts how often each (q, k) pair is computed.
+std::vector<int> replay(const WorkList& list, const Mask& mask, bool row_major,
+                        std::int64_t block) {
   const std::int64_t tk = mask.seqlen_k();
   std::vector<int> seen(static_cast<std::size_t>(mask.seqlen_q() * tk), 0);
   for (std::int64_t t = 0; t < list.num_tiles(); ++t) {
@@ -18,20 +24,47 @@ std::vector<int> replay(const WorkList& list, const Mask& mask, bool row_major) 
     for (std::int64_t e = list.tile_offsets[t]; e < list.tile_offsets[t + 1]; ++e) {
       const WorkEntry& w = list.entries[e];
       const Band& b = list.bands[w.band];
-      for (std::int64_t x = r0; x < r1; ++x)
-        for (std::int64_t y = w.begin; y < w.end; ++y) {
-          bool on = true;
-          if (w.mask == EntryMask::kRows) on = x >= b.row_begin && x < b.row_end;
-          if (w.mask == EntryMask::kElements) on = b.contains(x, y);
-          // An unmasked cell must really be attended: kernels skip the test there.
-          if (w.mask != EntryMask::kElements && on) {
+      for (std::int64_t c0 = w.begin; c0 < w.end; c0 += block)
+        for (std::int64_t x = r0; x < r1; ++x) {
+          const BlockColumns cols = attended_columns(b, w.mask, x, c0, w.end, block);
+          for (std::int64_t y = c0 + cols.lo; y < c0 + cols.hi; ++y) {
+            // Outside kElements the rule tests no column: every one it keeps must be attended.
             EXPECT_TRUE(b.contains(x, y)) << x << "," << y;
+            ++seen[row_major ? x * tk + y : y * tk + x];
           }
-          if (on) ++seen[row_major ? x * tk + y : y * tk + x];
         }
     }
   }
   return seen;
+}
+
+// The rule against the band's own definition, cell by cell, on random bands and blocks.
+TEST(WorkList, InTileRuleMatchesTheBand) {
+  std::mt19937_64 rng(42);
+  std::uniform_int_distribution<std::int64_t> pos(0, 300);
+  for (int iter = 0; iter < 3000; ++iter) {
+    std::int64_t a = pos(rng), b = pos(rng), c = pos(rng), d = pos(rng);
+    if (a > b) std::swap(a, b);
+    if (c > d) std::swap(c, d);
+    Band band = trim_band(slice_band({{a, b}, {c, d}, static_cast<MaskType>(iter % 4)}));
+    if (iter % 3 == 0) band = transpose_band(band);
+    const std::int64_t c0 = pos(rng), width = 1 + pos(rng) % 80, end = c0 + 1 + pos(rng) % 200;
+    for (std::int64_t x = band.row_begin - 2; x < band.row_end + 2; ++x) {
+      const BlockColumns got = attended_columns(band, EntryMask::kElements, x, c0, end, width);
+      ASSERT_LE(0, got.lo);
+      ASSERT_LE(got.lo, got.hi);
+      ASSERT_LE(got.hi, std::min(width, end - c0));
+      for (std::int64_t y = c0; y < c0 + std::min(width, end - c0); ++y)
+        ASSERT_EQ(band.contains(x, y), y >= c0 + got.lo && y < c0 + got.hi)
+            << "row " << x << " column " << y << " block " << c0;
+      const BlockColumns rows = attended_columns(band, EntryMask::kRows, x, c0, end, width);
+      const bool in = x >= band.row_begin && x < band.row_end;
+      ASSERT_EQ(rows.lo, 0);
+      ASSERT_EQ(rows.hi, in ? std::min(width, end - c0) : 0);
+      const BlockColumns none = attended_columns(band, EntryMask::kNone, x, c0, end, width);
+      ASSERT_EQ(none.hi - none.lo, std::min(width, end - c0));
+    }
+  }
 }
 
 TEST(WorkList, EveryAttendedPairIsComputedExactlyOnce) {
@@ -45,8 +78,8 @@ TEST(WorkList, EveryAttendedPairIsComputedExactlyOnce) {
       const WorkListOptions opt{row_major ? WorkListOrder::kRowMajor : WorkListOrder::kColumnMajor,
                                 std::uniform_int_distribution<std::int64_t>(1, 17)(rng),
                                 std::uniform_int_distribution<std::int64_t>(1, 9)(rng)};
-      const WorkList list = build_work_list(mask, opt);
-      const auto seen = replay(list, mask, row_major);
+      const WorkList list = list_of(mask, opt);
+      const auto seen = replay(list, mask, row_major, opt.block_cols);
       for (std::size_t i = 0; i < pairs.size(); ++i) ASSERT_EQ(seen[i], pairs[i]) << "pair " << i;
       std::int64_t area = 0;
       for (auto a : list.tile_area) area += a;
@@ -70,7 +103,7 @@ TEST(WorkList, EveryAttendedPairIsComputedExactlyOnce) {
 TEST(WorkList, FullTilesOfDocumentMasksNeedNoMasking) {
   // Documents aligned to tiles: every interval but the causal diagonal blocks is unmasked.
   const Mask mask = masks::varlen_causal({256, 512, 128});
-  const WorkList list = build_work_list(mask, {WorkListOrder::kRowMajor, 64, 64});
+  const WorkList list = list_of(mask, {WorkListOrder::kRowMajor, 64, 64});
   std::int64_t masked_cells = 0;
   for (std::int64_t t = 0; t < list.num_tiles(); ++t)
     for (std::int64_t e = list.tile_offsets[t]; e < list.tile_offsets[t + 1]; ++e)
@@ -80,8 +113,8 @@ TEST(WorkList, FullTilesOfDocumentMasksNeedNoMasking) {
 }
 
 TEST(WorkList, RejectsNonPositiveSizes) {
-  EXPECT_THROW(build_work_list(masks::causal(8, 8), {WorkListOrder::kRowMajor, 0, 64}), Error);
-  EXPECT_THROW(build_work_list(masks::causal(8, 8), {WorkListOrder::kRowMajor, 64, 0}), Error);
+  EXPECT_THROW(list_of(masks::causal(8, 8), {WorkListOrder::kRowMajor, 0, 64}), Error);
+  EXPECT_THROW(list_of(masks::causal(8, 8), {WorkListOrder::kRowMajor, 64, 0}), Error);
 }
 
 }  // namespace

@@ -1,78 +1,108 @@
 // The plan against brute force: every attended pair computed by exactly one rank in exactly one
-// stage, every needed K/V token received exactly once, areas, permutations, determinism, errors.
+// stage, from columns that arrived in that stage; every needed K/V token received exactly once,
+// and sent by its owner in the same pieces; areas, permutations, determinism, chunking, errors.
 #include <gtest/gtest.h>
 
 #include <random>
 
 #include "kernels/worklist/worklist.h"
+#include "plan/plan_internal.h"
 #include "test_util.h"
 
 namespace flexcp {
 namespace {
 
-// Global K/V token of each column of rank r's local buffer.
-std::vector<std::int64_t> local_columns(const RankPlan& rp) {
-  std::vector<std::int64_t> cols;
+using plan_detail::Planner;
+
+// Global K/V token of each column of a rank's local buffer, and the stage it arrives in.
+struct Columns {
+  std::vector<std::int64_t> token;
+  std::vector<int> stage;
+};
+
+Columns local_columns(const RankPlan& rp) {
+  Columns c;
   for (const Range& r : rp.k_tokens)
-    for (std::int64_t t = r.begin; t < r.end; ++t) cols.push_back(t);
+    for (std::int64_t t = r.begin; t < r.end; ++t) c.token.push_back(t), c.stage.push_back(0);
   for (const RemoteRange& r : rp.recv)
-    for (std::int64_t t = r.tokens.begin; t < r.tokens.end; ++t) cols.push_back(t);
-  return cols;
+    for (std::int64_t t = r.tokens.begin; t < r.tokens.end; ++t)
+      c.token.push_back(t), c.stage.push_back(r.stage);
+  return c;
 }
 
 void check_plan(const Mask& mask, const PlanOptions& options) {
   SCOPED_TRACE("world " + std::to_string(options.world_size) + " chunk " +
-               std::to_string(options.chunk_size) + " tq " + std::to_string(mask.seqlen_q()) +
+               std::to_string(options.chunk_size) + " per rank " +
+               std::to_string(options.chunks_per_rank) + " tq " + std::to_string(mask.seqlen_q()) +
                " tk " + std::to_string(mask.seqlen_k()));
-  const Plan plan = make_plan(mask, options);
+  const Planner planner(mask, options);
+  const Dispatch& d = planner.dispatch();
   const std::int64_t tq = mask.seqlen_q(), tk = mask.seqlen_k();
   const int world = options.world_size;
   const auto want = test::enumerate_pairs(mask.slices(), tq, tk);
   std::vector<int> seen(want.size(), 0);
-  std::int64_t area = 0;
-  const std::vector<int> rank_of = plan.global_to_rank_q();
-  const std::vector<std::int64_t> local_of = plan.global_to_local_q();
+  const std::vector<int> rank_of = d.global_to_rank_q();
+  const std::vector<std::int64_t> local_of = d.global_to_local_q();
   std::vector<int> kv_owner(tk, -1);
-  for (int r = 0; r < world; ++r)
-    for (const Range& k : plan.ranks[r].k_tokens)
-      for (std::int64_t t = k.begin; t < k.end; ++t) {
-        ASSERT_EQ(kv_owner[t], -1) << "K/V token " << t << " held twice";
-        kv_owner[t] = r;
-      }
+  for (std::size_t c = 0; c < d.kv_chunks.size(); ++c)
+    for (std::int64_t t = d.kv_chunks[c].begin; t < d.kv_chunks[c].end; ++t) {
+      ASSERT_EQ(kv_owner[t], -1) << "K/V token " << t << " held twice";
+      kv_owner[t] = d.kv_owner[c];
+    }
   for (std::int64_t t = 0; t < tk; ++t)
     ASSERT_GE(kv_owner[t], 0) << "K/V token " << t << " held by nobody";
+  ASSERT_EQ(static_cast<std::int64_t>(d.chunks.size()), d.chunks_per_rank * world);
 
+  std::vector<RankPlan> plans;
+  std::int64_t area = 0;
+  for (int r = 0; r < world; ++r) plans.push_back(planner.plan_rank(r));
   for (int r = 0; r < world; ++r) {
-    const RankPlan& rp = plan.ranks[r];
-    ASSERT_EQ(rp.chunks.size(), plan.chunks.size() / world);  // same number of chunks everywhere
-    const std::vector<std::int64_t> rows = plan.position_ids(r);
+    const RankPlan& rp = plans[r];
+    ASSERT_EQ(static_cast<std::int64_t>(rp.chunks.size()), d.chunks_per_rank);
+    const std::vector<std::int64_t> rows = d.position_ids(r);
     ASSERT_EQ(static_cast<std::int64_t>(rows.size()), rp.num_q_tokens);
     for (std::size_t i = 0; i < rows.size(); ++i) {
       ASSERT_EQ(rank_of[rows[i]], r);
       ASSERT_EQ(local_of[rows[i]], static_cast<std::int64_t>(i));
     }
-    const std::vector<std::int64_t> cols = local_columns(rp);
-    // Replay the local work of every stage.
-    ASSERT_EQ(static_cast<int>(rp.stage_work.size()), plan.num_stages + 1);
-    for (std::size_t s = 0; s < rp.stage_work.size(); ++s)
+    const Columns cols = local_columns(rp);
+    ASSERT_EQ(static_cast<std::int64_t>(cols.token.size()), rp.num_columns());
+    // Replay the local work of every stage: each cell once, and only from columns that are in by
+    // then (stage s computes on its own received columns and on the own rows, stage 0).
+    ASSERT_EQ(static_cast<int>(rp.stage_work.size()), rp.num_stages + 1);
+    for (std::size_t s = 0; s < rp.stage_work.size(); ++s) {
+      std::int64_t stage_area = 0;
       for (const Band& b : rp.stage_work[s]) {
         for (std::int64_t x = b.row_begin; x < b.row_end; ++x)
           for (std::int64_t y = b.begin(x); y < b.end(x); ++y) {
             ASSERT_LT(x, rp.num_q_tokens);
-            ASSERT_LT(y, static_cast<std::int64_t>(cols.size()));
-            // Columns of stage s come from stage s's buffers only.
-            ++seen[rows[x] * tk + cols[y]];
+            ASSERT_LT(y, rp.num_columns());
+            ASSERT_EQ(cols.stage[y], static_cast<int>(s))
+                << "rank " << r << " computes column " << y << " (token " << cols.token[y]
+                << ", arriving in stage " << cols.stage[y] << ") in stage " << s;
+            ++seen[rows[x] * tk + cols.token[y]];
           }
-        area += band_area(b, b.row_begin, b.row_end, b.begin_min, b.end_max);
+        stage_area += band_area(b, b.row_begin, b.row_end, b.begin_min, b.end_max);
       }
-    // K/V received: exactly the remote tokens this rank's rows attend, each once, from its owner.
+      ASSERT_EQ(stage_area, rp.stage_area[s]);
+      // The stage's kernel plan covers the same work over the rank's local tensors.
+      const AttentionPlan& plan = rp.stage_plans[s];
+      ASSERT_EQ(plan.area(), stage_area);
+      ASSERT_EQ(plan.shape().seqlen_q, rp.num_q_tokens);
+      ASSERT_EQ(plan.shape().seqlen_k, rp.num_columns());
+      area += stage_area;
+    }
+    // K/V received: exactly the remote tokens this rank's rows attend, each once, from its owner,
+    // numbered per owner in token order.
     std::vector<char> needed(tk, 0), got(tk, 0);
     for (std::int64_t q : rows)
       for (std::int64_t k = 0; k < tk; ++k)
         if (want[q * tk + k] && kv_owner[k] != r) needed[k] = 1;
+    std::vector<std::vector<std::pair<std::int64_t, int>>> from(world);  // (begin, index)
     for (const RemoteRange& rr : rp.recv) {
       ASSERT_GE(rr.stage, 1);
-      ASSERT_LE(rr.stage, plan.num_stages);
+      ASSERT_LE(rr.stage, rp.num_stages);
+      from[rr.owner].push_back({rr.tokens.begin, rr.index});
       for (std::int64_t t = rr.tokens.begin; t < rr.tokens.end; ++t) {
         ASSERT_EQ(kv_owner[t], rr.owner);
         ASSERT_EQ(got[t], 0) << "token " << t << " received twice by rank " << r;
@@ -80,41 +110,44 @@ void check_plan(const Mask& mask, const PlanOptions& options) {
       }
     }
     ASSERT_EQ(needed, got) << "rank " << r;
+    for (auto& f : from) {
+      std::sort(f.begin(), f.end());
+      for (std::size_t i = 0; i < f.size(); ++i) ASSERT_EQ(f[i].second, static_cast<int>(i));
+    }
   }
   for (std::size_t i = 0; i < want.size(); ++i)
     ASSERT_EQ(seen[i], want[i]) << "pair q=" << i / tk << " k=" << i % tk;
   EXPECT_EQ(area, mask.area());
-  // Group-cast items: each (token, destination) of the receive lists exactly once, from its owner.
-  std::vector<std::vector<int>> cast(world, std::vector<int>(tk, 0));
-  for (const CastItem& item : plan.casts)
-    for (int d : item.dests)
-      for (std::int64_t t = item.tokens.begin; t < item.tokens.end; ++t) {
-        ASSERT_EQ(kv_owner[t], item.owner);
-        ++cast[d][t];
-      }
-  std::int64_t bytes = 0;
+  // Sends: what owner r sends to d is what d receives from r, piece for piece, same numbering.
   for (int r = 0; r < world; ++r) {
-    std::vector<int> got(tk, 0);
-    for (const RemoteRange& rr : plan.ranks[r].recv)
-      for (std::int64_t t = rr.tokens.begin; t < rr.tokens.end; ++t) got[t] = 1;
-    ASSERT_EQ(cast[r], got);
-    bytes +=
-        plan.ranks[r].recv_tokens * 2 * options.heads_kv * options.head_dim * options.element_bytes;
-  }
-  EXPECT_EQ(plan.comm_bytes_fwd, bytes);
-  EXPECT_EQ(plan.comm_bytes_intra + plan.comm_bytes_inter, bytes);
-  // The local work turns into valid kernel work lists.
-  for (const RankPlan& rp : plan.ranks)
-    for (const auto& work : rp.stage_work) {
-      const WorkList list = build_work_list(work, rp.num_q_tokens, rp.num_k_tokens + rp.recv_tokens,
-                                            {WorkListOrder::kRowMajor, 16, 8});
-      std::int64_t a = 0;
-      for (auto t : list.tile_area) a += t;
-      std::int64_t b = 0;
-      for (const Band& band : work)
-        b += band_area(band, band.row_begin, band.row_end, band.begin_min, band.end_max);
-      ASSERT_EQ(a, b);
+    std::int64_t sent = 0;
+    for (int dest = 0; dest < world; ++dest) {
+      std::vector<std::tuple<std::int64_t, std::int64_t, int>> out, in;
+      for (const SendRange& s : plans[r].sends)
+        if (s.dest == dest) out.push_back({s.tokens.begin, s.tokens.end, s.index});
+      for (const RemoteRange& rr : plans[dest].recv)
+        if (rr.owner == r) in.push_back({rr.tokens.begin, rr.tokens.end, rr.index});
+      std::sort(in.begin(), in.end());
+      ASSERT_EQ(out, in) << "rank " << r << " to rank " << dest;
+      for (auto [b, e, i] : out) sent += e - b;
     }
+    EXPECT_EQ(sent, plans[r].send_tokens);
+  }
+  // The one-rank entry gives the same plan as the planner.
+  const int some = static_cast<int>(mask.area() % world);
+  const Plan one = make_plan(mask, options, some);
+  EXPECT_EQ(one.dispatch.chunk_owner, d.chunk_owner);
+  ASSERT_EQ(one.rank.recv.size(), plans[some].recv.size());
+  for (std::size_t i = 0; i < one.rank.recv.size(); ++i)
+    EXPECT_EQ(one.rank.recv[i].tokens, plans[some].recv[i].tokens);
+  // The report sums the same figures.
+  const PlanReport report = make_plan_report(mask, options);
+  std::int64_t bytes = 0;
+  for (const RankPlan& rp : plans)
+    bytes += rp.recv_tokens * 2 * options.heads_kv * options.head_dim *
+             static_cast<std::int64_t>(dtype_size(options.dtype));
+  EXPECT_EQ(report.comm_bytes_fwd, bytes);
+  EXPECT_EQ(report.comm_bytes_intra + report.comm_bytes_inter, bytes);
 }
 
 TEST(Plan, RandomMasksAndWorldSizes) {
@@ -126,7 +159,18 @@ TEST(Plan, RandomMasksAndWorldSizes) {
     const Mask mask = test::random_mask(rng, tq, tk);
     PlanOptions o;
     o.world_size = std::uniform_int_distribution<int>(1, 5)(rng);
-    o.chunk_size = std::uniform_int_distribution<std::int64_t>(0, 9)(rng);  // <= tq
+    // Chunks given three ways: chosen, per rank, or exact sizes (kept to ones that divide).
+    switch (iter % 3) {
+      case 1:
+        o.chunks_per_rank = std::uniform_int_distribution<std::int64_t>(1, tq / o.world_size)(rng);
+        break;
+      case 2: {
+        const std::int64_t per_rank = std::uniform_int_distribution<std::int64_t>(1, 3)(rng);
+        o.chunk_size = (tq + per_rank * o.world_size - 1) / (per_rank * o.world_size);
+        if ((tq + o.chunk_size - 1) / o.chunk_size % o.world_size != 0) o.chunk_size = 0;
+        break;
+      }
+    }
     o.num_stages = std::uniform_int_distribution<int>(0, 3)(rng);
     o.gpus_per_node = std::uniform_int_distribution<int>(0, 2)(rng);
     o.heads_kv = 2;
@@ -143,7 +187,7 @@ TEST(Plan, DocumentMasksAtScale) {
   for (int world : {3, 8}) {
     PlanOptions o;
     o.world_size = world;
-    o.chunk_size = 16;
+    o.chunks_per_rank = 8;
     check_plan(masks::varlen_causal(docs), o);
     check_plan(masks::sliding_window(docs, 17, masks::WindowKind::kSymmetric), o);
     check_plan(masks::block_causal(docs, 24), o);
@@ -155,17 +199,17 @@ TEST(Plan, RepeatedRunsGiveTheSamePlan) {
                                           512, masks::WindowKind::kCausal);
   PlanOptions o;
   o.world_size = 7;
-  const Plan a = make_plan(mask, o), b = make_plan(mask, o);
-  EXPECT_EQ(a.chunk_owner, b.chunk_owner);
-  EXPECT_EQ(a.num_stages, b.num_stages);
-  ASSERT_EQ(a.casts.size(), b.casts.size());
   for (int r = 0; r < o.world_size; ++r) {
-    EXPECT_EQ(a.ranks[r].area, b.ranks[r].area);
-    ASSERT_EQ(a.ranks[r].recv.size(), b.ranks[r].recv.size());
-    for (std::size_t i = 0; i < a.ranks[r].recv.size(); ++i) {
-      EXPECT_EQ(a.ranks[r].recv[i].tokens, b.ranks[r].recv[i].tokens);
-      EXPECT_EQ(a.ranks[r].recv[i].stage, b.ranks[r].recv[i].stage);
+    const Plan a = make_plan(mask, o, r), b = make_plan(mask, o, r);
+    EXPECT_EQ(a.dispatch.chunk_owner, b.dispatch.chunk_owner);
+    EXPECT_EQ(a.rank.num_stages, b.rank.num_stages);
+    EXPECT_EQ(a.rank.area, b.rank.area);
+    ASSERT_EQ(a.rank.recv.size(), b.rank.recv.size());
+    for (std::size_t i = 0; i < a.rank.recv.size(); ++i) {
+      EXPECT_EQ(a.rank.recv[i].tokens, b.rank.recv[i].tokens);
+      EXPECT_EQ(a.rank.recv[i].stage, b.rank.recv[i].stage);
     }
+    ASSERT_EQ(a.rank.sends.size(), b.rank.sends.size());
   }
 }
 
@@ -173,21 +217,66 @@ TEST(Plan, BalancesBetterThanContiguousSplitsAndMovesLessThanRing) {
   const Mask causal = masks::causal(1 << 15, 1 << 15);
   PlanOptions o;
   o.world_size = 8;
-  const Plan plan = make_plan(causal, o);
   // A contiguous split of a causal mask gives the last rank 15/8 of the mean.
-  EXPECT_LT(plan.imbalance, 1.01);
+  EXPECT_LT(make_dispatch(causal, o).imbalance, 1.01);
   const Mask docs =
       masks::varlen_causal(masks::pack_lengths({700, 3000, 90, 1500, 6000, 40}, 1 << 16, 1 << 14));
-  const Plan doc_plan = make_plan(docs, o);
-  EXPECT_LT(doc_plan.imbalance, 1.02);
-  EXPECT_LT(doc_plan.comm_bytes_fwd, doc_plan.ring.comm_bytes_fwd / 2);
+  const PlanReport report = make_plan_report(docs, o);
+  EXPECT_LT(report.dispatch.imbalance, 1.02);
+  EXPECT_LT(report.comm_bytes_fwd, report.ring.comm_bytes_fwd / 2);
+  EXPECT_LE(report.comm_bytes_fwd, report.magi.comm_bytes_fwd);
+}
+
+TEST(Plan, ChunkSizeIsExactAndChunksPerRankEqual) {
+  const Mask mask = masks::causal(95, 95);
+  PlanOptions o;
+  o.world_size = 5;
+  o.chunk_size = 19;
+  Dispatch d = make_dispatch(mask, o);
+  ASSERT_EQ(d.chunks.size(), 5u);
+  for (const Range& c : d.chunks) EXPECT_EQ(c.size(), 19);
+  o.world_size = 2;
+  o.chunk_size = 12;  // 8 chunks: seven of 12 tokens and the last of 11
+  d = make_dispatch(mask, o);
+  ASSERT_EQ(d.chunks.size(), 8u);
+  for (std::size_t i = 0; i < 7; ++i) EXPECT_EQ(d.chunks[i].size(), 12);
+  EXPECT_EQ(d.chunks.back().size(), 11);
+  EXPECT_EQ(d.chunk_size, 12);
+  o.chunk_size = 0;
+  o.chunks_per_rank = 3;
+  d = make_dispatch(mask, o);
+  ASSERT_EQ(d.chunks.size(), 6u);
+  for (const Range& c : d.chunks) EXPECT_TRUE(c.size() == 15 || c.size() == 16);
+  EXPECT_EQ(d.chunks_per_rank, 3);
+}
+
+// The chosen count is a power of two per rank (so runs of 4, or all of them, are placed together)
+// and keeps chunks at kMinChunkTokens or more where the sequence allows: never a count like 11 or
+// 13 that switches the runs off.
+TEST(Plan, TheChosenChunkCountKeepsRunsOfNeighbours) {
+  for (std::int64_t tokens : {std::int64_t{4096}, std::int64_t{1} << 20}) {
+    const Mask mask = masks::causal(tokens, tokens);
+    for (int world = 2; world <= 1024; world += world < 64 ? 1 : 37) {
+      PlanOptions o;
+      o.world_size = world;
+      const Dispatch d = make_dispatch(mask, o);
+      const std::int64_t p = d.chunks_per_rank;
+      EXPECT_TRUE(p == 16 || p == 8 || p == 4 || p == 2 || p == 1) << world << ": " << p;
+      if (p < kDefaultChunksPerRank) {
+        EXPECT_LT(tokens / (world * 2 * p), kMinChunkTokens) << world << ": " << p;
+      }
+      if (p > 1) {
+        EXPECT_GE(tokens / (world * p), kMinChunkTokens) << world << ": " << p;
+      }
+    }
+  }
 }
 
 TEST(Plan, BadOptionsAreNamed) {
   const Mask mask = masks::causal(100, 100);
-  auto message = [&](PlanOptions o) {
+  auto message = [&](PlanOptions o, int rank = 0) {
     try {
-      make_plan(mask, o);
+      make_plan(mask, o, rank);
     } catch (const Error& e) {
       EXPECT_EQ(e.status(), Status::kInvalidArgument);
       return std::string(e.what());
@@ -205,7 +294,24 @@ TEST(Plan, BadOptionsAreNamed) {
   o.chunk_size = 101;
   EXPECT_EQ(message(o),
             "flexcp::make_plan: chunk_size 101 is larger than the sequence (100 tokens)");
+  o.world_size = 3;
+  o.chunk_size = 25;  // 4 chunks on 3 ranks
+  EXPECT_EQ(message(o),
+            "flexcp::make_plan: chunk_size 25 cuts 100 tokens into 4 chunks, not a multiple of "
+            "world_size 3 (every rank holds as many chunks); chunk_size 34 (3 chunks) or 17 (6 "
+            "chunks) would, as would chunks_per_rank instead");
+  o.chunk_size = 10;
+  o.chunks_per_rank = 2;
+  EXPECT_EQ(message(o),
+            "flexcp::make_plan: chunk_size 10 and chunks_per_rank 2 are both set, expected one of "
+            "them");
   o.chunk_size = 0;
+  o.chunks_per_rank = 40;
+  EXPECT_EQ(message(o),
+            "flexcp::make_plan: chunks_per_rank 40 on 3 ranks is 120 chunks for 100 tokens, "
+            "expected at most one chunk per token");
+  o.chunks_per_rank = 0;
+  EXPECT_EQ(message(o, 3), "flexcp::make_plan: rank 3 is outside [0, 3)");
   o.cost.kernel_tflops = 0;
   EXPECT_EQ(message(o),
             "flexcp::make_plan: cost model rates must be > 0 and the stage overhead >= 0");

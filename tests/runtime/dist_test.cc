@@ -59,7 +59,7 @@ TEST(Dist, KvPayloadsArriveWherePlannedAndBytesMatchThePlan) {
     Tensor k(DType::kFloat32, {dist.local_k_tokens(), hk, d}),
         v(DType::kFloat32, {dist.local_k_tokens(), hk, d});
     std::vector<std::int64_t> own;
-    for (const Range& r : plan.ranks[me].k_tokens)
+    for (const Range& r : plan.rank.k_tokens)
       for (std::int64_t x = r.begin; x < r.end; ++x) own.push_back(x);
     for (std::size_t i = 0; i < own.size(); ++i)
       for (std::int64_t j = 0; j < hk * d; ++j) {
@@ -68,7 +68,7 @@ TEST(Dist, KvPayloadsArriveWherePlannedAndBytesMatchThePlan) {
       }
     std::vector<std::int64_t> cols = own;
     std::vector<int> holder(own.size(), me);
-    for (const RemoteRange& r : plan.ranks[me].recv)
+    for (const RemoteRange& r : plan.rank.recv)
       for (std::int64_t x = r.tokens.begin; x < r.tokens.end; ++x)
         cols.push_back(x), holder.push_back(r.owner);
     Tensor kb(DType::kFloat32, {static_cast<std::int64_t>(cols.size()), hk, d}), vb(kb);
@@ -83,14 +83,25 @@ TEST(Dist, KvPayloadsArriveWherePlannedAndBytesMatchThePlan) {
         ASSERT_EQ(vb.get(c * hk * d + j), static_cast<double>(holder[c] * 65536 + cols[c]))
             << "column " << c;
       }
+    // Bytes as MPI counted them, in a forward: what the plan predicts, on every rank.
+    Tensor q(DType::kFloat32, {dist.local_q_tokens(), 2 * hk, d}), out(q),
+        lse(DType::kFloat32, {dist.local_q_tokens(), 2 * hk});
+    out.view.data = out.bytes.data();
+    const DistContext ctx = dist.forward(q.view, k.view, v.view, out.view, lse.view);
     const std::int64_t bpt = 2 * hk * d * 4;
-    EXPECT_EQ(dist.stats().fwd_bytes_received, plan.ranks[me].recv_tokens * bpt);
+    EXPECT_EQ(ctx.stats().fwd_bytes_received, plan.rank.recv_tokens * bpt);
     std::vector<std::int64_t> all(g_comm->size());
-    const std::int64_t mine = dist.stats().fwd_bytes_received;
+    const std::int64_t mine = ctx.stats().fwd_bytes_received;
     g_comm->all_gather(&mine, sizeof mine, all.data());
     std::int64_t total = 0;
     for (auto b : all) total += b;
-    EXPECT_EQ(total, plan.comm_bytes_fwd);
+    PlanOptions po;
+    po.world_size = g_comm->size();
+    po.heads_q = 2 * hk;
+    po.heads_kv = hk;
+    po.head_dim = d;
+    po.dtype = DType::kFloat32;
+    EXPECT_EQ(total, make_plan_report(mask, po).comm_bytes_fwd);
     (void)tk;
   }
 }
@@ -104,52 +115,66 @@ struct Problem {
   bool sink = false;
 };
 
-void check_against_single_rank(const Problem& p) {
-  SCOPED_TRACE(p.name + " on " + std::to_string(g_comm->size()) + " ranks");
-  std::mt19937_64 rng(7);
+// One layer of a problem: global inputs (the same on every rank), the single-rank results, and
+// this rank's shards and outputs.
+struct Layer {
+  Tensor q, k, v, dout;
+  Tensor out, lse, dq, dk, dv, dsink;  // single rank
+  Tensor ql, kl, vl, dol;              // this rank's shards
+  Tensor ol, ll, dql, dkl, dvl, dsink_dist;
+  DistContext context;
+};
+
+Layer make_layer(const Problem& p, const DistAttention& dist, const AttentionOptions& o,
+                 std::uint64_t seed) {
+  std::mt19937_64 rng(seed);
   const std::int64_t tq = p.mask.seqlen_q(), tk = p.mask.seqlen_k();
-  Tensor q = test::random_tensor(rng, p.dtype, {tq, p.hq, p.d}, 2.0),
-         k = test::random_tensor(rng, p.dtype, {tk, p.hk, p.d}, 2.0),
-         v = test::random_tensor(rng, p.dtype, {tk, p.hk, p.d}),
-         dout = test::random_tensor(rng, p.dtype, {tq, p.hq, p.d}),
-         sink = test::random_tensor(rng, DType::kFloat32, {p.hq});
-  DistAttentionOptions o;
-  o.attention.softcap = p.softcap;
-  if (p.sink) o.attention.sink = sink.view;
-  // The single-rank result.
-  Tensor out(p.dtype, {tq, p.hq, p.d}), lse(DType::kFloat32, {tq, p.hq}),
-      dq(p.dtype, {tq, p.hq, p.d}), dk(p.dtype, {tk, p.hk, p.d}), dv(p.dtype, {tk, p.hk, p.d});
-  forward(q.view, k.view, v.view, p.mask, out.view, lse.view, o.attention);
-  Tensor dsink(DType::kFloat32, {p.hq}), dsink_dist(DType::kFloat32, {p.hq});
-  backward(dout.view, q.view, k.view, v.view, out.view, lse.view, p.mask, dq.view, dk.view, dv.view,
-           o.attention, p.sink ? dsink.view : TensorView{});
-  // Distributed.
-  DistAttention dist(p.mask, *g_comm, p.hq, p.hk, p.d, p.dtype, o);
   const std::int64_t lq = dist.local_q_tokens(), lk = dist.local_k_tokens();
-  Tensor ql(p.dtype, {lq, p.hq, p.d}), kl(p.dtype, {lk, p.hk, p.d}), vl(p.dtype, {lk, p.hk, p.d}),
-      dol(p.dtype, {lq, p.hq, p.d});
-  dist.dispatch_q(q.view, ql.view);
-  dist.dispatch_q(dout.view, dol.view);
-  dist.dispatch_kv(k.view, kl.view);
-  dist.dispatch_kv(v.view, vl.view);
-  Tensor ol(p.dtype, {lq, p.hq, p.d}), ll(DType::kFloat32, {lq, p.hq}),
-      dql(p.dtype, {lq, p.hq, p.d}), dkl(p.dtype, {lk, p.hk, p.d}), dvl(p.dtype, {lk, p.hk, p.d});
-  for (Tensor* t : {&ol, &ll, &dql, &dkl, &dvl}) t->poison();
-  dist.forward(ql.view, kl.view, vl.view, ol.view, ll.view);
-  dsink_dist.poison();
-  dist.backward(dol.view, ql.view, kl.view, vl.view, ol.view, ll.view, dql.view, dkl.view, dvl.view,
-                p.sink ? dsink_dist.view : TensorView{});
+  Layer l;
+  l.q = test::random_tensor(rng, p.dtype, {tq, p.hq, p.d}, 2.0);
+  l.k = test::random_tensor(rng, p.dtype, {tk, p.hk, p.d}, 2.0);
+  l.v = test::random_tensor(rng, p.dtype, {tk, p.hk, p.d});
+  l.dout = test::random_tensor(rng, p.dtype, {tq, p.hq, p.d});
+  l.out = Tensor(p.dtype, {tq, p.hq, p.d});
+  l.lse = Tensor(DType::kFloat32, {tq, p.hq});
+  l.dq = Tensor(p.dtype, {tq, p.hq, p.d});
+  l.dk = Tensor(p.dtype, {tk, p.hk, p.d});
+  l.dv = Tensor(p.dtype, {tk, p.hk, p.d});
+  l.dsink = Tensor(DType::kFloat32, {p.hq});
+  forward(l.q.view, l.k.view, l.v.view, p.mask, l.out.view, l.lse.view, o);
+  backward(l.dout.view, l.q.view, l.k.view, l.v.view, l.out.view, l.lse.view, p.mask, l.dq.view,
+           l.dk.view, l.dv.view, o, p.sink ? l.dsink.view : TensorView{});
+  l.ql = Tensor(p.dtype, {lq, p.hq, p.d});
+  l.kl = Tensor(p.dtype, {lk, p.hk, p.d});
+  l.vl = Tensor(p.dtype, {lk, p.hk, p.d});
+  l.dol = Tensor(p.dtype, {lq, p.hq, p.d});
+  dist.dispatch_q(l.q.view, l.ql.view);
+  dist.dispatch_q(l.dout.view, l.dol.view);
+  dist.dispatch_kv(l.k.view, l.kl.view);
+  dist.dispatch_kv(l.v.view, l.vl.view);
+  l.ol = Tensor(p.dtype, {lq, p.hq, p.d});
+  l.ll = Tensor(DType::kFloat32, {lq, p.hq});
+  l.dql = Tensor(p.dtype, {lq, p.hq, p.d});
+  l.dkl = Tensor(p.dtype, {lk, p.hk, p.d});
+  l.dvl = Tensor(p.dtype, {lk, p.hk, p.d});
+  l.dsink_dist = Tensor(DType::kFloat32, {p.hq});
+  for (Tensor* t : {&l.ol, &l.ll, &l.dql, &l.dkl, &l.dvl, &l.dsink_dist}) t->poison();
+  return l;
+}
+
+void check_layer(const Problem& p, DistAttention& dist, Layer& l) {
+  const std::int64_t tq = p.mask.seqlen_q(), tk = p.mask.seqlen_k();
   if (p.sink) {
     for (std::int64_t h = 0; h < p.hq; ++h)
-      EXPECT_NEAR(dsink_dist.get(h), dsink.get(h), 1e-4 * (1 + std::abs(dsink.get(h))))
+      EXPECT_NEAR(l.dsink_dist.get(h), l.dsink.get(h), 1e-4 * (1 + std::abs(l.dsink.get(h))))
           << "dsink head " << h;
   }
   Tensor og(p.dtype, {tq, p.hq, p.d}), dqg(p.dtype, {tq, p.hq, p.d}), dkg(p.dtype, {tk, p.hk, p.d}),
       dvg(p.dtype, {tk, p.hk, p.d});
-  dist.undispatch_q(ol.view, og.view);
-  dist.undispatch_q(dql.view, dqg.view);
-  dist.undispatch_kv(dkl.view, dkg.view);
-  dist.undispatch_kv(dvl.view, dvg.view);
+  dist.undispatch_q(l.ol.view, og.view);
+  dist.undispatch_q(l.dql.view, dqg.view);
+  dist.undispatch_kv(l.dkl.view, dkg.view);
+  dist.undispatch_kv(l.dvl.view, dvg.view);
   // Stages merge in a different order than one kernel call: rounding differs by a few ulps of the
   // output dtype (and the fp32 accumulations of the gradients).
   const double ulp =
@@ -163,20 +188,51 @@ void check_against_single_rank(const Problem& p) {
     }
     EXPECT_LE(worst, ulp * scale * std::max(1.0, mag)) << what;
   };
-  check("out", og, out, 1);
-  check("dq", dqg, dq, 2);
-  check("dk", dkg, dk, 2);
-  check("dv", dvg, dv, 2);
+  check("out", og, l.out, 1);
+  check("dq", dqg, l.dq, 2);
+  check("dk", dkg, l.dk, 2);
+  check("dv", dvg, l.dv, 2);
   // lse: local rows against the single-rank rows.
   const std::vector<std::int64_t> pos = dist.position_ids();
-  for (std::int64_t i = 0; i < lq; ++i)
+  for (std::int64_t i = 0; i < dist.local_q_tokens(); ++i)
     for (std::int64_t h = 0; h < p.hq; ++h) {
-      const double want = lse.get(pos[i] * p.hq + h), got = ll.get(i * p.hq + h);
+      const double want = l.lse.get(pos[i] * p.hq + h), got = l.ll.get(i * p.hq + h);
       if (std::isinf(want))
         ASSERT_EQ(got, want);
       else
         ASSERT_NEAR(got, want, 1e-4);
     }
+}
+
+// Layers sharing one DistAttention: forwards in order, then backwards in `backward_order`, each
+// layer checked against the single-rank kernels.
+void check_layers(const Problem& p, const std::vector<int>& backward_order) {
+  SCOPED_TRACE(p.name + " on " + std::to_string(g_comm->size()) + " ranks, " +
+               std::to_string(backward_order.size()) + " layer(s)");
+  std::mt19937_64 rng(7);
+  Tensor sink = test::random_tensor(rng, DType::kFloat32, {p.hq});
+  DistAttentionOptions o;
+  o.attention.softcap = p.softcap;
+  if (p.sink) o.attention.sink = sink.view;
+  DistAttention dist(p.mask, *g_comm, p.hq, p.hk, p.d, p.dtype, o);
+  std::vector<Layer> layers;
+  for (std::size_t i = 0; i < backward_order.size(); ++i)
+    layers.push_back(make_layer(p, dist, o.attention, 100 + i));
+  for (Layer& l : layers)
+    l.context = dist.forward(l.ql.view, l.kl.view, l.vl.view, l.ol.view, l.ll.view);
+  for (int i : backward_order) {
+    Layer& l = layers[i];
+    dist.backward(l.context, l.dol.view, l.ql.view, l.ol.view, l.ll.view, l.dql.view, l.dkl.view,
+                  l.dvl.view, p.sink ? l.dsink_dist.view : TensorView{});
+  }
+  for (std::size_t i = 0; i < layers.size(); ++i) {
+    SCOPED_TRACE("layer " + std::to_string(i));
+    check_layer(p, dist, layers[i]);
+  }
+}
+
+void check_against_single_rank(const Problem& p) {
+  check_layers(p, {0});
 }
 
 TEST(Dist, ForwardAndBackwardEqualTheSingleRankKernels) {
@@ -191,6 +247,85 @@ TEST(Dist, ForwardAndBackwardEqualTheSingleRankKernels) {
   problems.push_back(
       {"block-causal", masks::block_causal({257, 190}, 64), 2, 2, 32, DType::kFloat32});
   for (const Problem& p : problems) check_against_single_rank(p);
+}
+
+// Several layers share one mask and one DistAttention (the normal use): each backward must use
+// its own forward's K/V, whatever order the backwards run in.
+TEST(Dist, LayersSharingOneObjectBackwardInAnyOrder) {
+  const Problem docs{"varlen-causal", masks::varlen_causal({90, 400, 3, 160}), 4, 2, 32,
+                     DType::kFloat32};
+  check_layers(docs, {1, 0});
+  check_layers(docs, {0, 2, 1});
+  const Problem window{"sliding-softcap-sink",
+                       masks::sliding_window({333, 200}, 45, masks::WindowKind::kSymmetric),
+                       4,
+                       1,
+                       32,
+                       DType::kBFloat16,
+                       4.0,
+                       true};
+  check_layers(window, {2, 1, 0});
+}
+
+TEST(Dist, AContextOfAnotherObjectOrAnEmptyOneIsRejected) {
+  const Mask mask = masks::causal(64, 64);
+  DistAttention a(mask, *g_comm, 2, 2, 16, DType::kFloat32),
+      b(mask, *g_comm, 2, 2, 16, DType::kFloat32);
+  const std::int64_t lq = a.local_q_tokens(), lk = a.local_k_tokens();
+  std::vector<float> q(lq * 32, 0.5f), k(lk * 32, 0.5f), out(lq * 32), lse(lq * 2), dq(lq * 32),
+      dk(lk * 32), dv(lk * 32);
+  auto view = [](std::vector<float>& x, std::int64_t rows) {
+    return make_view(x.data(), DType::kFloat32, {rows, 2, 16});
+  };
+  const TensorView lse_view = make_view(lse.data(), DType::kFloat32, {lq, 2});
+  DistContext from_a = a.forward(view(q, lq), view(k, lk), view(k, lk), view(out, lq), lse_view);
+  auto error_of = [&](DistContext& ctx) {
+    try {
+      b.backward(ctx, view(q, lq), view(q, lq), view(out, lq), lse_view, view(dq, lq), view(dk, lk),
+                 view(dv, lk));
+    } catch (const Error& e) {
+      EXPECT_EQ(e.status(), Status::kInvalidUsage);
+      return std::string(e.what());
+    }
+    return std::string("no error");
+  };
+  EXPECT_EQ(error_of(from_a),
+            "flexcp::DistAttention::backward: the context comes from another DistAttention; a "
+            "backward takes the context of a forward of the same object");
+  DistContext empty;
+  EXPECT_EQ(error_of(empty),
+            "flexcp::DistAttention::backward: the context is empty; pass the one this object's "
+            "forward returned");
+  DistContext moved = std::move(from_a);
+  EXPECT_EQ(error_of(from_a),  // NOLINT(bugprone-use-after-move): moved-from is empty
+            "flexcp::DistAttention::backward: the context is empty; pass the one this object's "
+            "forward returned");
+  a.backward(moved, view(q, lq), view(q, lq), view(out, lq), lse_view, view(dq, lq), view(dk, lk),
+             view(dv, lk));
+}
+
+// DistAttention reads host memory: a tensor on a device is named, never read as host memory.
+TEST(Dist, DeviceTensorsAreRejectedWithTheirDevice) {
+  const Mask mask = masks::causal(64, 64);
+  DistAttention dist(mask, *g_comm, 2, 2, 16, DType::kFloat32);
+  const std::int64_t lq = dist.local_q_tokens(), lk = dist.local_k_tokens();
+  std::vector<float> q(lq * 32), k(lk * 32), out(lq * 32), lse(lq * 2);
+  TensorView qv = make_view(q.data(), DType::kFloat32, {lq, 2, 16}, Device::kCuda);
+  const TensorView kv = make_view(k.data(), DType::kFloat32, {lk, 2, 16});
+  try {
+    dist.forward(qv, kv, kv, make_view(out.data(), DType::kFloat32, {lq, 2, 16}),
+                 make_view(lse.data(), DType::kFloat32, {lq, 2}));
+    FAIL() << "no error";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.status(), Status::kInvalidArgument);
+    EXPECT_STREQ(e.what(), "flexcp::DistAttention::forward: q is on cuda:0, expected cpu");
+  }
+  qv.device = Device::kCpu;
+  TensorView lse_dev = make_view(lse.data(), DType::kFloat32, {lq, 2}, Device::kCuda);
+  lse_dev.device_index = 1;
+  EXPECT_THROW(
+      dist.forward(qv, kv, kv, make_view(out.data(), DType::kFloat32, {lq, 2, 16}), lse_dev),
+      Error);
 }
 
 TEST(Dist, RanksWithDifferentPlansAreStoppedBeforeDataMoves) {

@@ -149,11 +149,11 @@ TEST_F(Cli, BadInputsFailWithMessages) {
   EXPECT_TRUE(r.output.find("not compiled") != std::string::npos ||
               r.output.find("no usable CUDA device") != std::string::npos)
       << r.output;
-  r = run_cli("attn --mask varlen-causal --seqlen 8" + io);
-  EXPECT_EQ(r.code, 2);
-  EXPECT_NE(r.output.find("--mask varlen-causal needs --doc-lens FILE or --doc-len N"),
-            std::string::npos)
-      << r.output;
+  r = run_cli("attn --mask varlen-causal --seqlen 8 --doc-len 0 --q " + path("q.npy") + " --k " +
+              path("k.npy") + " --v " + path("k.npy") + " --out " + path("o.npy") + " --lse " +
+              path("l.npy"));
+  EXPECT_NE(r.code, 0);
+  EXPECT_NE(r.output.find("--doc-len"), std::string::npos) << r.output;
   r = run_cli("bench --mask nonsense --seqlen 8");
   EXPECT_NE(r.code, 0);
   EXPECT_NE(r.output.find("--mask"), std::string::npos) << r.output;
@@ -202,9 +202,14 @@ TEST_F(Cli, BenchPrintsJsonAndRunChecksItself) {
   r = run_cli("run --seqlen 2048 --heads 2 --heads-kv 1 --head-dim 64 --doc-lens " +
               path("docs.txt"));
   ASSERT_EQ(r.code, 0) << r.output;
-  EXPECT_NE(r.output.find("check against the single-rank forward and backward"), std::string::npos)
-      << r.output;
+  for (const char* line : {"layer 0 against one rank", "layer 1 against one rank"})
+    EXPECT_NE(r.output.find(line), std::string::npos) << r.output;
   EXPECT_NE(r.output.find("): ok"), std::string::npos) << r.output;
+  EXPECT_EQ(r.output.find("MISMATCH"), std::string::npos) << r.output;
+  // With no document file the generators pack the real lengths that ship with flexcp.
+  r = run_cli("plan --mask varlen-causal --seqlen 65536 --world 4");
+  ASSERT_EQ(r.code, 0) << r.output;
+  EXPECT_NE(r.output.find("imbalance"), std::string::npos) << r.output;
 }
 
 TEST_F(Cli, HelpOnEverySubcommand) {
@@ -232,15 +237,16 @@ TEST_F(Cli, PlanJsonHasTheContractKeysAndAgreesWithTheLibrary) {
   const auto j = nlohmann::json::parse(r.output);
   for (const char* key : {"imbalance", "comm_bytes_fwd", "plan_ms", "baselines"})
     EXPECT_TRUE(j.contains(key)) << key;
-  for (const char* b : {"ring", "ulysses", "allgather"})
+  for (const char* b : {"ring", "ulysses", "allgather", "magi"})
     EXPECT_TRUE(j["baselines"][b].contains("comm_bytes_fwd")) << b;
   PlanOptions o;
   o.world_size = 4;
-  const Plan plan =
-      make_plan(masks::varlen_causal(masks::pack_lengths({300, 1200, 80, 2500}, 8192, 2048)), o);
+  const PlanReport plan = make_plan_report(
+      masks::varlen_causal(masks::pack_lengths({300, 1200, 80, 2500}, 8192, 2048)), o);
   EXPECT_EQ(j["comm_bytes_fwd"].get<std::int64_t>(), plan.comm_bytes_fwd);
   EXPECT_EQ(j["baselines"]["ring"]["comm_bytes_fwd"].get<std::int64_t>(), plan.ring.comm_bytes_fwd);
-  EXPECT_DOUBLE_EQ(j["imbalance"].get<double>(), plan.imbalance);
+  EXPECT_EQ(j["baselines"]["magi"]["comm_bytes_fwd"].get<std::int64_t>(), plan.magi.comm_bytes_fwd);
+  EXPECT_DOUBLE_EQ(j["imbalance"].get<double>(), plan.dispatch.imbalance);
   const Result text = run_cli("plan " + mask + " --world 4");
   ASSERT_EQ(text.code, 0) << text.output;
   EXPECT_NE(text.output.find("imbalance"), std::string::npos);

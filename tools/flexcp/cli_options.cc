@@ -2,6 +2,7 @@
 
 #include <cmath>
 
+#include "default_documents.h"
 #include "flexcp/masks.h"
 #include "flexcp/status.h"
 
@@ -18,7 +19,7 @@ masks::Lengths documents(const MaskArgs& a) {
   if (!a.doc_lens_file.empty())
     return masks::pack_lengths(masks::read_lengths_file(a.doc_lens_file), a.seqlen, cap);
   if (a.doc_len > 0) return masks::pack_lengths({a.doc_len}, a.seqlen, cap);
-  fail("--mask " + a.kind + " needs --doc-lens FILE or --doc-len N");
+  return masks::pack_lengths(default_document_lengths(), a.seqlen, cap);
 }
 
 }  // namespace
@@ -40,10 +41,13 @@ void add_mask_options(CLI::App& cmd, MaskArgs& a) {
   kind->excludes(file);
   cmd.add_option("--seqlen", a.seqlen, "Tokens (q; and k unless --seqlen-k) for --mask");
   cmd.add_option("--seqlen-k", a.seqlen_k, "Key tokens for --mask full|causal (cross-attention)");
-  cmd.add_option("--doc-lens", a.doc_lens_file, "Document lengths, one per line, packed cyclically")
+  cmd.add_option("--doc-lens", a.doc_lens_file,
+                 "Document lengths, one per line, packed cyclically (default: the real lengths "
+                 "that ship with flexcp)")
       ->check(CLI::ExistingFile);
   cmd.add_option("--doc-len", a.doc_len,
-                 "Equal documents of this many tokens (instead of --doc-lens)");
+                 "Equal documents of this many tokens (instead of --doc-lens)")
+      ->check(CLI::PositiveNumber);
   cmd.add_option("--max-doc-len", a.max_doc_len,
                  "Cap on a document's length (default: seqlen / 4)");
   cmd.add_option("--window", a.window, "Sliding-window size")->capture_default_str();

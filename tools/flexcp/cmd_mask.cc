@@ -48,15 +48,15 @@ void draw(const DrawArgs& a) {
   // With --world: the rank owning each cell's queries, and whether its K/V lives elsewhere.
   std::vector<int> q_rank, kv_rank;
   if (a.plan.world_size > 0) {
-    const Plan plan = make_plan(mask, a.plan);
+    const Dispatch d = make_dispatch(mask, a.plan);
     q_rank.assign(rows, 0);
     kv_rank.assign(cols, 0);
-    const std::vector<int> owner = plan.global_to_rank_q();
+    const std::vector<int> owner = d.global_to_rank_q();
     for (std::int64_t r = 0; r < rows; ++r) q_rank[r] = owner[r * step];
-    for (std::size_t rank = 0; rank < plan.ranks.size(); ++rank)
-      for (const Range& k : plan.ranks[rank].k_tokens)
-        for (std::int64_t c = (k.begin + step - 1) / step; c * step < k.end; ++c)
-          kv_rank[c] = static_cast<int>(rank);
+    for (std::size_t i = 0; i < d.kv_chunks.size(); ++i)
+      for (std::int64_t c = (d.kv_chunks[i].begin + step - 1) / step; c * step < d.kv_chunks[i].end;
+           ++c)
+        kv_rank[c] = d.kv_owner[i];
   }
   const bool by_rank = !q_rank.empty();
   const std::int64_t kCellPixels = std::max<std::int64_t>(1, kPicturePixels / std::max(rows, cols));

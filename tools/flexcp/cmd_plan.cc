@@ -1,5 +1,6 @@
-// flexcp plan: plans context parallelism for a mask without running it (DESIGN §4), beside the
-// ring, Ulysses and all-gather baselines on the same mask and cost model.
+// flexcp plan: plans context parallelism for a mask without running it (DESIGN §4): every rank's
+// own plan in turn, beside the ring, Ulysses, all-gather and MagiAttention baselines on the same
+// mask and cost model.
 #include <algorithm>
 #include <cstdio>
 #include <iostream>
@@ -30,75 +31,79 @@ nlohmann::json baseline_json(const BaselineFigures& b) {
           {"applicable", b.applicable}};
 }
 
-void print_json(const Plan& p, const MaskArgs& mask_args) {
+void print_json(const PlanReport& p, const MaskArgs& mask_args) {
   nlohmann::json ranks = nlohmann::json::array();
   for (std::size_t r = 0; r < p.ranks.size(); ++r) {
-    const RankPlan& rp = p.ranks[r];
+    const RankSummary& rs = p.ranks[r];
     ranks.push_back({{"rank", r},
-                     {"q_tokens", rp.num_q_tokens},
-                     {"area", rp.area},
-                     {"recv_tokens", rp.recv_tokens},
-                     {"send_tokens", rp.send_tokens},
-                     {"stage_area", rp.stage_area},
-                     {"predicted_us", rp.predicted_us},
-                     {"exposed_comm_us", rp.exposed_comm_us}});
+                     {"q_tokens", rs.q_tokens},
+                     {"area", rs.area},
+                     {"recv_tokens", rs.recv_tokens},
+                     {"send_tokens", rs.send_tokens},
+                     {"num_stages", rs.num_stages},
+                     {"stage_area", rs.stage_area},
+                     {"predicted_us", rs.predicted_us},
+                     {"exposed_comm_us", rs.exposed_comm_us},
+                     {"rank_ms", rs.rank_ms}});
   }
+  const Dispatch& d = p.dispatch;
   const nlohmann::json out = {{"mask", describe_mask(mask_args)},
                               {"world", p.options.world_size},
-                              {"chunk_size", p.chunk_size},
-                              {"num_chunks", p.chunks.size()},
-                              {"num_stages", p.num_stages},
-                              {"imbalance", p.imbalance},
+                              {"chunk_size", d.chunk_size},
+                              {"num_chunks", d.chunks.size()},
+                              {"chunks_per_rank", d.chunks_per_rank},
+                              {"imbalance", d.imbalance},
                               {"comm_bytes_fwd", p.comm_bytes_fwd},
                               {"comm_bytes_intra", p.comm_bytes_intra},
                               {"comm_bytes_inter", p.comm_bytes_inter},
                               {"predicted_us", p.predicted_us},
                               {"plan_ms", p.plan_ms()},
-                              {"global_ms", p.global_ms},
+                              {"dispatch_ms", p.dispatch_ms},
                               {"slowest_rank_ms", p.slowest_rank_ms},
                               {"ranks", ranks},
                               {"baselines",
                                {{"ring", baseline_json(p.ring)},
                                 {"ulysses", baseline_json(p.ulysses)},
-                                {"allgather", baseline_json(p.allgather)}}}};
+                                {"allgather", baseline_json(p.allgather)},
+                                {"magi", baseline_json(p.magi)}}}};
   std::cout << out.dump() << "\n";
 }
 
-void print_text(const Plan& p, const Mask& mask, const PlanArgs& a) {
+void print_text(const PlanReport& p, const Mask& mask, const PlanArgs& a) {
   const PlanOptions& o = p.options;
+  const Dispatch& d = p.dispatch;
   const int world = o.world_size;
   std::printf("mask %s: %lld x %lld tokens, %zu slices, area %lld\n", describe_mask(a.mask).c_str(),
               (long long)mask.seqlen_q(), (long long)mask.seqlen_k(), mask.slices().size(),
               (long long)mask.area());
   std::printf(
-      "world %d%s, chunk %lld tokens (%zu chunks, %zu per rank), %d remote stage(s); K/V: %lld "
-      "heads x %lld dims\n",
+      "world %d%s, chunk %lld tokens (%zu chunks, %lld per rank); K/V: %lld heads x %lld "
+      "dims\n",
       world,
       o.gpus_per_node > 0 ? (", " + std::to_string(o.gpus_per_node) + " GPUs per node").c_str()
                           : "",
-      (long long)p.chunk_size, p.chunks.size(), p.chunks.size() / world, p.num_stages,
-      (long long)o.heads_kv, (long long)o.head_dim);
+      (long long)d.chunk_size, d.chunks.size(), (long long)d.chunks_per_rank, (long long)o.heads_kv,
+      (long long)o.head_dim);
   const double mean = static_cast<double>(mask.area()) / world;
   if (world <= kMaxRankLines || a.all_ranks) {
-    std::printf("%6s %10s %14s %8s %12s %12s %12s %12s\n", "rank", "q_tokens", "area", "/mean",
-                "recv_tokens", "send_tokens", "predicted_us", "exposed_us");
+    std::printf("%6s %10s %14s %8s %7s %12s %12s %12s %12s\n", "rank", "q_tokens", "area", "/mean",
+                "stages", "recv_tokens", "send_tokens", "predicted_us", "exposed_us");
     for (int r = 0; r < world; ++r) {
-      const RankPlan& rp = p.ranks[r];
-      std::printf("%6d %10lld %14lld %8.3f %12lld %12lld %12.1f %12.1f\n", r,
-                  (long long)rp.num_q_tokens, (long long)rp.area, mean > 0 ? rp.area / mean : 1.0,
-                  (long long)rp.recv_tokens, (long long)rp.send_tokens, rp.predicted_us,
-                  rp.exposed_comm_us);
+      const RankSummary& rs = p.ranks[r];
+      std::printf("%6d %10lld %14lld %8.3f %7d %12lld %12lld %12.1f %12.1f\n", r,
+                  (long long)rs.q_tokens, (long long)rs.area, mean > 0 ? rs.area / mean : 1.0,
+                  rs.num_stages, (long long)rs.recv_tokens, (long long)rs.send_tokens,
+                  rs.predicted_us, rs.exposed_comm_us);
     }
   }
-  std::printf("imbalance %.4f (max rank area / mean)\n", p.imbalance);
+  std::printf("imbalance %.4f (max rank area / mean)\n", d.imbalance);
   std::printf(
       "forward K/V bytes %lld (intra-node %lld, inter-node %lld); predicted forward %.1f us\n",
       (long long)p.comm_bytes_fwd, (long long)p.comm_bytes_intra, (long long)p.comm_bytes_inter,
       p.predicted_us);
-  auto line = [&](const char* name, const BaselineFigures& b) {
+  auto line = [&](const char* name, const BaselineFigures& b, const char* why) {
     if (!b.applicable) {
-      std::printf("  %-10s not applicable (heads %lld / %lld not divisible by world %d)\n", name,
-                  (long long)o.heads_q, (long long)o.heads_kv, world);
+      std::printf("  %-10s not applicable (%s)\n", name, why);
       return;
     }
     std::printf(
@@ -107,12 +112,18 @@ void print_text(const Plan& p, const Mask& mask, const PlanArgs& a) {
         p.comm_bytes_fwd > 0 ? double(b.comm_bytes_fwd) / p.comm_bytes_fwd : 0.0, b.imbalance,
         b.predicted_us, 100 * b.idle_fraction);
   };
+  const std::string heads = "heads " + std::to_string(o.heads_q) + " / " +
+                            std::to_string(o.heads_kv) + " not divisible by world " +
+                            std::to_string(world);
   std::printf("baselines (same mask and cost model):\n");
-  line("ring", p.ring);
-  line("ulysses", p.ulysses);
-  line("allgather", p.allgather);
-  std::printf("plan_ms %.3f (every rank: %.3f, slowest rank's own part: %.3f; single-threaded)\n",
-              p.plan_ms(), p.global_ms, p.slowest_rank_ms);
+  line("ring", p.ring, "");
+  line("ulysses", p.ulysses, heads.c_str());
+  line("allgather", p.allgather, "");
+  line("magi", p.magi, "self-attention only");
+  std::printf(
+      "plan_ms %.3f (the dispatch every rank computes: %.3f, the slowest rank's own part: %.3f; "
+      "single-threaded)\n",
+      p.plan_ms(), p.dispatch_ms, p.slowest_rank_ms);
 }
 
 }  // namespace
@@ -120,7 +131,11 @@ void print_text(const Plan& p, const Mask& mask, const PlanArgs& a) {
 void add_plan_options(CLI::App& cmd, PlanOptions& o) {
   cmd.add_option("--world", o.world_size, "Ranks (GPUs)")->required()->check(CLI::PositiveNumber);
   cmd.add_option("--chunk", o.chunk_size,
-                 "Tokens per chunk (default: chosen from the mask and world)");
+                 "Tokens per chunk, exactly (their count must be a multiple of the world)")
+      ->check(CLI::NonNegativeNumber);
+  cmd.add_option("--chunks-per-rank", o.chunks_per_rank,
+                 "Equal chunks per rank instead (default: chosen from the length and world)")
+      ->check(CLI::NonNegativeNumber);
   cmd.add_option("--heads", o.heads_q, "Query heads (compute time, Ulysses)")
       ->capture_default_str();
   cmd.add_option("--heads-kv", o.heads_kv, "K/V heads (bytes)")->capture_default_str();
@@ -148,11 +163,11 @@ void add_plan_command(CLI::App& app) {
   cmd->add_flag("--all-ranks", args->all_ranks, "Print every rank's line, however many");
   cmd->callback([args] {
     const Mask mask = build_mask(args->mask);
-    const Plan plan = make_plan(mask, args->options);
+    const PlanReport report = make_plan_report(mask, args->options);
     if (args->json)
-      print_json(plan, args->mask);
+      print_json(report, args->mask);
     else
-      print_text(plan, mask, *args);
+      print_text(report, mask, *args);
   });
 }
 

@@ -1,7 +1,8 @@
 // flexcp run: the main job. Distributed attention on a packed-document mask over the ranks it was
-// started with (`mpirun -np 4 flexcp run`), checked against a single-rank forward and backward;
-// prints per-rank balance, bytes moved against the plan's prediction, stage timings and total time.
-// Exit code 1 on a mismatch.
+// started with (`mpirun -np 4 flexcp run`): L layers share one DistAttention, forwards in order and
+// backwards in reverse (the training pattern), each layer checked against a single-rank forward and
+// backward; prints per-rank balance, bytes moved against the plan's prediction, stage timings and
+// total time. Exit code 1 on a mismatch.
 #include <omp.h>
 
 #include <algorithm>
@@ -23,17 +24,16 @@ struct RunArgs {
   ShapeArgs shape{8, 2, 128, "bf16"};
   std::uint64_t seed = 7;
   std::int64_t chunk = 0;
+  std::int64_t chunks_per_rank = 0;
   int stages = 0;
+  int layers = 2;
 };
 
-// What each rank reports to rank 0.
+// What each rank reports to rank 0 (times summed over layers).
 struct RankReport {
-  std::int64_t q_tokens, area, bytes_predicted, bytes_moved, bwd_bytes_moved;
-  double forward_ms, backward_ms, wait_ms, compute_ms;
-};
-
-struct Errors {
-  double out = 0, dq = 0, dk = 0, dv = 0;
+  std::int64_t q_tokens, area, num_stages, bytes_predicted, bytes_moved, bwd_bytes_moved;
+  std::int32_t bytes_equal;  // every layer moved exactly what the plan predicts
+  double forward_ms, backward_ms, wait_ms, plan_ms;
 };
 
 double max_error(const HostTensor& got, const HostTensor& want, double* magnitude) {
@@ -47,6 +47,29 @@ double max_error(const HostTensor& got, const HostTensor& want, double* magnitud
   *magnitude = mag;
   return worst;
 }
+
+// One layer's global tensors (the same on every rank: same seed) and this rank's shards of them.
+struct Layer {
+  HostTensor q, k, v, dout;          // global inputs
+  HostTensor ql, kl, vl, dol;        // local shards
+  HostTensor ol, ll, dql, dkl, dvl;  // local outputs
+  DistContext context;
+  Layer(DType dt, std::int64_t tq, std::int64_t tk, std::int64_t lq, std::int64_t lk,
+        const ShapeArgs& s)
+      : q(dt, {tq, s.heads, s.head_dim}),
+        k(dt, {tk, s.heads_kv, s.head_dim}),
+        v(dt, {tk, s.heads_kv, s.head_dim}),
+        dout(dt, {tq, s.heads, s.head_dim}),
+        ql(dt, {lq, s.heads, s.head_dim}),
+        kl(dt, {lk, s.heads_kv, s.head_dim}),
+        vl(dt, {lk, s.heads_kv, s.head_dim}),
+        dol(dt, {lq, s.heads, s.head_dim}),
+        ol(dt, {lq, s.heads, s.head_dim}),
+        ll(DType::kFloat32, {lq, s.heads}),
+        dql(dt, {lq, s.heads, s.head_dim}),
+        dkl(dt, {lk, s.heads_kv, s.head_dim}),
+        dvl(dt, {lk, s.heads_kv, s.head_dim}) {}
+};
 
 void run_ranks(RunArgs a, Communicator& comm_ref);
 
@@ -65,6 +88,32 @@ void run_main_job(const RunArgs& a) {
   }
 }
 
+// Rank 0's check of one layer against the single-rank kernels; prints one line.
+bool check_layer(int index, const Layer& l, const Mask& mask, DType dtype, const HostTensor& og,
+                 const HostTensor& dqg, const HostTensor& dkg, const HostTensor& dvg) {
+  HostTensor out(dtype, l.q.shape()), lse(DType::kFloat32, {l.q.shape()[0], l.q.shape()[1]}),
+      dq(dtype, l.q.shape()), dk(dtype, l.k.shape()), dv(dtype, l.v.shape());
+  forward(l.q.view(), l.k.view(), l.v.view(), mask, out.view(), lse.view());
+  backward(l.dout.view(), l.q.view(), l.k.view(), l.v.view(), out.view(), lse.view(), mask,
+           dq.view(), dk.view(), dv.view());
+  // Stages merge in another order than one kernel call: allow a few ulps of the dtype, relative
+  // to each tensor's largest value.
+  const double ulp =
+      dtype == DType::kFloat32 ? 1e-5 : (dtype == DType::kBFloat16 ? 1.0 / 256 : 1.0 / 2048);
+  bool close = true;
+  std::printf("layer %d against one rank:", index);
+  for (auto [name, got, want] :
+       {std::tuple{"out", &og, &out}, {"dq", &dqg, &dq}, {"dk", &dkg, &dk}, {"dv", &dvg, &dv}}) {
+    double mag = 0;
+    const double err = max_error(*got, *want, &mag);
+    const double limit = 2 * ulp * std::max(1.0, mag);
+    close = close && err <= limit;
+    std::printf(" %s %.3g (limit %.3g)", name, err, limit);
+  }
+  std::printf(": %s\n", close ? "ok" : "MISMATCH");
+  return close;
+}
+
 void run_ranks(RunArgs a, Communicator& comm_ref) {
   if (a.mask.file.empty() && a.mask.kind.empty()) a.mask.kind = "varlen-causal";
   if (a.mask.seqlen == 0) a.mask.seqlen = 32768;
@@ -73,136 +122,124 @@ void run_ranks(RunArgs a, Communicator& comm_ref) {
   const DType dtype = parse_dtype(a.shape.dtype);
   const Mask mask = build_mask(a.mask);
   const std::int64_t tq = mask.seqlen_q(), tk = mask.seqlen_k();
-
-  // The same global inputs on every rank (same seed); each keeps its own rows.
-  std::mt19937_64 rng(a.seed);
-  HostTensor q(dtype, {tq, a.shape.heads, a.shape.head_dim}),
-      k(dtype, {tk, a.shape.heads_kv, a.shape.head_dim}),
-      v(dtype, {tk, a.shape.heads_kv, a.shape.head_dim}),
-      dout(dtype, {tq, a.shape.heads, a.shape.head_dim});
-  for (HostTensor* t : {&q, &k, &v, &dout}) t->fill_uniform(rng, 1.0f);
   DistAttentionOptions options;
   options.plan.chunk_size = a.chunk;
+  options.plan.chunks_per_rank = a.chunks_per_rank;
   options.plan.num_stages = a.stages;
   DistAttention dist(mask, *comm, a.shape.heads, a.shape.heads_kv, a.shape.head_dim, dtype,
                      options);
   const Plan& plan = dist.plan();
   const std::int64_t lq = dist.local_q_tokens(), lk = dist.local_k_tokens();
-  HostTensor ql(dtype, {lq, a.shape.heads, a.shape.head_dim}),
-      dol(dtype, {lq, a.shape.heads, a.shape.head_dim}),
-      kl(dtype, {lk, a.shape.heads_kv, a.shape.head_dim}),
-      vl(dtype, {lk, a.shape.heads_kv, a.shape.head_dim});
-  dist.dispatch_q(q.view(), ql.view());
-  dist.dispatch_q(dout.view(), dol.view());
-  dist.dispatch_kv(k.view(), kl.view());
-  dist.dispatch_kv(v.view(), vl.view());
-  HostTensor ol(dtype, {lq, a.shape.heads, a.shape.head_dim}),
-      ll(DType::kFloat32, {lq, a.shape.heads}), dql(dtype, {lq, a.shape.heads, a.shape.head_dim}),
-      dkl(dtype, {lk, a.shape.heads_kv, a.shape.head_dim}),
-      dvl(dtype, {lk, a.shape.heads_kv, a.shape.head_dim});
+
+  std::vector<Layer> layers;
+  layers.reserve(a.layers);
+  for (int i = 0; i < a.layers; ++i) {
+    layers.emplace_back(dtype, tq, tk, lq, lk, a.shape);
+    Layer& l = layers.back();
+    std::mt19937_64 rng(a.seed + static_cast<std::uint64_t>(i));
+    for (HostTensor* t : {&l.q, &l.k, &l.v, &l.dout}) t->fill_uniform(rng, 1.0f);
+    dist.dispatch_q(l.q.view(), l.ql.view());
+    dist.dispatch_q(l.dout.view(), l.dol.view());
+    dist.dispatch_kv(l.k.view(), l.kl.view());
+    dist.dispatch_kv(l.v.view(), l.vl.view());
+    for (HostTensor* t : {&l.ol, &l.ll, &l.dql, &l.dkl, &l.dvl}) t->poison();
+  }
   comm->barrier();
-  dist.forward(ql.view(), kl.view(), vl.view(), ol.view(), ll.view());
-  dist.backward(dol.view(), ql.view(), kl.view(), vl.view(), ol.view(), ll.view(), dql.view(),
-                dkl.view(), dvl.view());
+  for (Layer& l : layers)
+    l.context = dist.forward(l.ql.view(), l.kl.view(), l.vl.view(), l.ol.view(), l.ll.view());
+  for (auto l = layers.rbegin(); l != layers.rend(); ++l)
+    dist.backward(l->context, l->dol.view(), l->ql.view(), l->ol.view(), l->ll.view(),
+                  l->dql.view(), l->dkl.view(), l->dvl.view());
   comm->barrier();
 
-  const DistStats& st = dist.stats();
-  RankReport mine{lq,
-                  plan.ranks[rank].area,
-                  plan.ranks[rank].recv_tokens * 2 * a.shape.heads_kv * a.shape.head_dim *
-                      static_cast<std::int64_t>(dtype_size(dtype)),
-                  st.fwd_bytes_received,
-                  st.bwd_bytes_received,
-                  st.forward_ms,
-                  st.backward_ms,
-                  0,
-                  0};
-  for (const StageTiming& s : st.forward)
-    mine.wait_ms += s.wait_ms, mine.compute_ms += s.compute_ms;
+  const std::int64_t bpt =
+      2 * a.shape.heads_kv * a.shape.head_dim * static_cast<std::int64_t>(dtype_size(dtype));
+  RankReport mine{
+      lq, plan.rank.area, plan.rank.num_stages, plan.rank.recv_tokens * bpt, 0, 0, 1, 0, 0,
+      0,  plan.plan_ms()};
+  for (const Layer& l : layers) {
+    const DistStats& st = l.context.stats();
+    mine.bytes_equal &= st.fwd_bytes_received == mine.bytes_predicted;
+    mine.bytes_moved = st.fwd_bytes_received;
+    mine.bwd_bytes_moved = st.bwd_bytes_received;
+    mine.forward_ms += st.forward_ms;
+    mine.backward_ms += st.backward_ms;
+    for (const StageTiming& s : st.forward) mine.wait_ms += s.wait_ms;
+  }
   std::vector<RankReport> reports(world);
   comm->all_gather(&mine, sizeof mine, reports.data());
 
-  HostTensor og(dtype, {tq, a.shape.heads, a.shape.head_dim}),
-      dqg(dtype, {tq, a.shape.heads, a.shape.head_dim}),
-      dkg(dtype, {tk, a.shape.heads_kv, a.shape.head_dim}),
-      dvg(dtype, {tk, a.shape.heads_kv, a.shape.head_dim});
-  dist.undispatch_q(ol.view(), og.view());
-  dist.undispatch_q(dql.view(), dqg.view());
-  dist.undispatch_kv(dkl.view(), dkg.view());
-  dist.undispatch_kv(dvl.view(), dvg.view());
+  std::vector<HostTensor> gathered;  // per layer: out, dq, dk, dv in global order
+  for (const Layer& l : layers) {
+    gathered.emplace_back(dtype, l.q.shape());
+    gathered.emplace_back(dtype, l.q.shape());
+    gathered.emplace_back(dtype, l.k.shape());
+    gathered.emplace_back(dtype, l.v.shape());
+    HostTensor* g = &gathered[gathered.size() - 4];
+    dist.undispatch_q(l.ol.view(), g[0].view());
+    dist.undispatch_q(l.dql.view(), g[1].view());
+    dist.undispatch_kv(l.dkl.view(), g[2].view());
+    dist.undispatch_kv(l.dvl.view(), g[3].view());
+  }
 
   int ok = 1;
   if (rank == 0) {
+    const Dispatch& d = plan.dispatch;
+    double plan_ms = 0;
+    for (const RankReport& x : reports) plan_ms = std::max(plan_ms, x.plan_ms);
     std::printf("flexcp %s: %d rank(s); mask %s: %zu slices, %lld of %lld pairs attended\n",
                 version(), world, describe_mask(a.mask).c_str(), mask.slices().size(),
                 static_cast<long long>(mask.area()), static_cast<long long>(tq * tk));
     std::printf(
-        "q [%lld, %lld, %lld], k/v [%lld, %lld, %lld], %s; plan: chunk %lld, %d remote stage(s), "
-        "imbalance %.4f, "
-        "plan_ms %.2f\n",
+        "q [%lld, %lld, %lld], k/v [%lld, %lld, %lld], %s, %d layer(s) sharing one plan: chunk "
+        "%lld (%lld per rank), imbalance %.4f, plan_ms %.2f (slowest rank)\n",
         (long long)tq, (long long)a.shape.heads, (long long)a.shape.head_dim, (long long)tk,
-        (long long)a.shape.heads_kv, (long long)a.shape.head_dim, a.shape.dtype.c_str(),
-        (long long)plan.chunk_size, plan.num_stages, plan.imbalance, plan.plan_ms());
-    std::printf("%5s %9s %12s %8s %14s %14s %10s %10s %10s %10s\n", "rank", "q_tokens", "area",
-                "/mean", "kv_bytes_plan", "kv_bytes_moved", "fwd_ms", "fwd_wait", "bwd_ms",
-                "dkv_bytes");
+        (long long)a.shape.heads_kv, (long long)a.shape.head_dim, a.shape.dtype.c_str(), a.layers,
+        (long long)d.chunk_size, (long long)d.chunks_per_rank, d.imbalance, plan_ms);
+    std::printf("%5s %9s %12s %8s %7s %14s %14s %10s %10s %10s %10s\n", "rank", "q_tokens", "area",
+                "/mean", "stages", "kv_bytes_plan", "kv_bytes_moved", "fwd_ms", "fwd_wait",
+                "bwd_ms", "dkv_bytes");
     bool bytes_match = true;
-    std::int64_t moved = 0;
+    std::int64_t moved = 0, predicted = 0;
+    const double per_layer = 1.0 / std::max(a.layers, 1);
     for (int r = 0; r < world; ++r) {
       const RankReport& x = reports[r];
-      bytes_match = bytes_match && x.bytes_predicted == x.bytes_moved;
+      bytes_match = bytes_match && x.bytes_equal;
       moved += x.bytes_moved;
-      std::printf("%5d %9lld %12lld %8.3f %14lld %14lld %10.1f %10.1f %10.1f %10lld\n", r,
+      predicted += x.bytes_predicted;
+      std::printf("%5d %9lld %12lld %8.3f %7lld %14lld %14lld %10.1f %10.1f %10.1f %10lld\n", r,
                   (long long)x.q_tokens, (long long)x.area,
-                  x.area / (static_cast<double>(mask.area()) / world), (long long)x.bytes_predicted,
-                  (long long)x.bytes_moved, x.forward_ms, x.wait_ms, x.backward_ms,
-                  (long long)x.bwd_bytes_moved);
+                  x.area / (static_cast<double>(mask.area()) / world), (long long)x.num_stages,
+                  (long long)x.bytes_predicted, (long long)x.bytes_moved, x.forward_ms * per_layer,
+                  x.wait_ms * per_layer, x.backward_ms * per_layer, (long long)x.bwd_bytes_moved);
     }
     double fwd = 0, bwd = 0, wait = 0, busy = 0;
     for (const RankReport& x : reports) {
-      fwd = std::max(fwd, x.forward_ms), bwd = std::max(bwd, x.backward_ms);
+      fwd = std::max(fwd, x.forward_ms * per_layer), bwd = std::max(bwd, x.backward_ms * per_layer);
       wait += x.wait_ms, busy += x.forward_ms;
     }
     const double flops = forward_flops(mask.area(), a.shape.head_dim, a.shape.heads);
     std::printf(
-        "forward %.1f ms (%.1f GFLOPS), backward %.1f ms (%.1f GFLOPS); forward time waiting for "
-        "K/V: %.1f%%\n",
+        "per layer: forward %.1f ms (%.1f GFLOPS), backward %.1f ms (%.1f GFLOPS); forward time "
+        "waiting for K/V: %.1f%%\n",
         fwd, flops / fwd / 1e6, bwd, kBackwardFlopsRatio * flops / bwd / 1e6,
         busy > 0 ? 100 * wait / busy : 0.0);
-    std::printf("stages on rank 0 (wait for K/V / compute, ms):");
-    for (std::size_t i = 0; i < st.forward.size(); ++i)
-      std::printf(" %zu: %.1f / %.1f", i, st.forward[i].wait_ms, st.forward[i].compute_ms);
+    std::printf("stages on rank 0, layer 0 (wait for K/V / compute, ms):");
+    const DistStats& st0 = layers.front().context.stats();
+    for (std::size_t i = 0; i < st0.forward.size(); ++i)
+      std::printf(" %zu: %.1f / %.1f", i, st0.forward[i].wait_ms, st0.forward[i].compute_ms);
     std::printf("\n");
-    std::printf("K/V bytes moved %lld, plan predicted %lld: %s\n", (long long)moved,
-                (long long)plan.comm_bytes_fwd,
-                bytes_match && moved == plan.comm_bytes_fwd ? "equal" : "DIFFERENT");
-    ok = bytes_match && moved == plan.comm_bytes_fwd;
+    std::printf("K/V bytes moved per layer %lld (as MPI counted them), plan predicted %lld: %s\n",
+                (long long)moved, (long long)predicted,
+                bytes_match && moved == predicted ? "equal" : "DIFFERENT");
+    ok = bytes_match && moved == predicted;
 
-    // The single-rank computation, with every core of this machine.
+    // The single-rank computations, with every core of this machine.
     omp_set_num_threads(omp_get_num_procs());
-    HostTensor out(dtype, {tq, a.shape.heads, a.shape.head_dim}),
-        lse(DType::kFloat32, {tq, a.shape.heads}), dq(dtype, {tq, a.shape.heads, a.shape.head_dim}),
-        dk(dtype, {tk, a.shape.heads_kv, a.shape.head_dim}),
-        dv(dtype, {tk, a.shape.heads_kv, a.shape.head_dim});
-    forward(q.view(), k.view(), v.view(), mask, out.view(), lse.view());
-    backward(dout.view(), q.view(), k.view(), v.view(), out.view(), lse.view(), mask, dq.view(),
-             dk.view(), dv.view());
-    // Stages merge in another order than one kernel call: allow a few ulps of the dtype, relative
-    // to each tensor's largest value.
-    const double ulp =
-        dtype == DType::kFloat32 ? 1e-5 : (dtype == DType::kBFloat16 ? 1.0 / 256 : 1.0 / 2048);
-    bool close = true;
-    std::printf("check against the single-rank forward and backward:");
-    for (auto [name, got, want] :
-         {std::tuple{"out", &og, &out}, {"dq", &dqg, &dq}, {"dk", &dkg, &dk}, {"dv", &dvg, &dv}}) {
-      double mag = 0;
-      const double err = max_error(*got, *want, &mag);
-      const double limit = 2 * ulp * std::max(1.0, mag);
-      close = close && err <= limit;
-      std::printf(" %s %.3g (limit %.3g)", name, err, limit);
-    }
-    std::printf(": %s\n", close ? "ok" : "MISMATCH");
-    ok = ok && close;
+    for (int i = 0; i < a.layers; ++i)
+      ok = check_layer(i, layers[i], mask, dtype, gathered[4 * i], gathered[4 * i + 1],
+                       gathered[4 * i + 2], gathered[4 * i + 3]) &&
+           ok;
   }
   std::vector<int> verdicts(world);
   comm->all_gather(&ok, sizeof ok, verdicts.data());
@@ -214,11 +251,22 @@ void run_ranks(RunArgs a, Communicator& comm_ref) {
 void add_run_command(CLI::App& app) {
   auto args = std::make_shared<RunArgs>();
   CLI::App* cmd = app.add_subcommand(
-      "run", "The main job: distributed attention (mpirun -np N flexcp run), checked");
+      "run",
+      "The main job: distributed attention (mpirun -np N flexcp run), checked against one rank");
   add_mask_options(*cmd, args->mask);
   add_shape_options(*cmd, args->shape);
-  cmd->add_option("--chunk", args->chunk, "Tokens per chunk (default: automatic)");
-  cmd->add_option("--stages", args->stages, "Remote stages (default: from the cost model)");
+  cmd->add_option("--layers", args->layers,
+                  "Layers sharing one plan: forwards in order, backwards in reverse")
+      ->check(CLI::PositiveNumber)
+      ->capture_default_str();
+  cmd->add_option("--chunk", args->chunk,
+                  "Tokens per chunk, exactly (their count must be a multiple of the ranks)")
+      ->check(CLI::NonNegativeNumber);
+  cmd->add_option("--chunks-per-rank", args->chunks_per_rank,
+                  "Equal chunks per rank (default: chosen)")
+      ->check(CLI::NonNegativeNumber);
+  cmd->add_option("--stages", args->stages, "Remote stages (default: from the cost model)")
+      ->check(CLI::NonNegativeNumber);
   cmd->add_option("--seed", args->seed, "Random seed for the inputs")->capture_default_str();
   cmd->callback([args] { run_main_job(*args); });
 }

@@ -43,6 +43,16 @@ void DeviceTensor::copy_to(HostTensor& host) const {
   check(cudaMemcpy(host.view().data, data_, bytes_, cudaMemcpyDeviceToHost), "copy to host");
 }
 
+DeviceWorkspace::DeviceWorkspace(AttentionPlan& plan) {
+  check(cudaMalloc(&data_, std::max<std::size_t>(plan.workspace_bytes(), 16)),
+        "cudaMalloc (plan workspace)");
+  plan.bind_workspace(data_, plan.workspace_bytes());
+}
+
+DeviceWorkspace::~DeviceWorkspace() {
+  cudaFree(data_);
+}
+
 double median_device_seconds(const std::function<void()>& fn, int warmup, int repeat) {
   for (int i = 0; i < warmup; ++i) fn();
   cudaEvent_t start, stop;

@@ -4,6 +4,7 @@
 
 #include <functional>
 
+#include "flexcp/attention_plan.h"
 #include "host_tensor.h"
 
 namespace flexcp::tools {
@@ -21,6 +22,18 @@ class DeviceTensor {
   void* data_ = nullptr;
   std::size_t bytes_ = 0;
   TensorView view_;
+};
+
+// A plan's device workspace, bound on construction (the default stream) and freed with it.
+class DeviceWorkspace {
+ public:
+  explicit DeviceWorkspace(AttentionPlan& plan);
+  DeviceWorkspace(const DeviceWorkspace&) = delete;
+  DeviceWorkspace& operator=(const DeviceWorkspace&) = delete;
+  ~DeviceWorkspace();
+
+ private:
+  void* data_ = nullptr;
 };
 
 // Median time of one call of `fn` on the device's default stream: events around batches of

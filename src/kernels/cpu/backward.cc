@@ -14,13 +14,13 @@
 #include "kernels/cpu/cpu_attention.h"
 #include "kernels/cpu/gemm.h"
 #include "kernels/cpu/tile_ops.h"
-#include "kernels/worklist/worklist.h"
+#include "kernels/tiles.h"
 
 namespace flexcp::cpu {
 namespace {
 
 constexpr float kInf = std::numeric_limits<float>::infinity();
-constexpr int kKeyTileTokens = 64;
+constexpr int kBlockCols = tiles::kCpuBlockCols;
 
 struct RowStats {
   // Per (token, q head): lse in log2 units, +inf where the row attends nothing (so that 2^(s - lse)
@@ -32,7 +32,7 @@ struct RowStats {
   float delta_at(std::int64_t x, std::int64_t h) const { return delta[x * heads + h]; }
 };
 
-RowStats row_stats(const AttentionShape& s, const TensorView& dout, const TensorView& out,
+RowStats row_stats(const CallShape& s, const TensorView& dout, const TensorView& out,
                    const TensorView& lse) {
   RowStats st;
   st.heads = s.heads_q;
@@ -62,14 +62,10 @@ void finish_logits(float* sc, int ld, int rows, const AttentionOptions& options,
     apply_softcap(sc, ld, rows, static_cast<float>(options.softcap), kLog2e, deriv);
 }
 
-void key_pass(const AttentionShape& s, const RowStats& st, const TensorView& dout,
-              const TensorView& q, const TensorView& k, const TensorView& v,
-              const std::vector<Band>& work, const TensorView& dk, const TensorView& dv,
-              const AttentionOptions& options) {
-  const WorkList list = build_work_list(work, s.seqlen_q, s.seqlen_k,
-                                        {.order = WorkListOrder::kColumnMajor,
-                                         .tile_rows = kKeyTileTokens,
-                                         .block_cols = kBlockCols});
+void key_pass(const CallShape& s, const RowStats& st, const TensorView& dout, const TensorView& q,
+              const TensorView& k, const TensorView& v, const WorkList& list, const TensorView& dk,
+              const TensorView& dv, const AttentionOptions& options) {
+  const int key_tile = static_cast<int>(list.tile_rows);
   const int group = static_cast<int>(s.group());
   const int dp = round_up(static_cast<int>(s.head_dim), kLanes);
   const bool softcap = options.softcap > 0;
@@ -78,8 +74,8 @@ void key_pass(const AttentionShape& s, const RowStats& st, const TensorView& dou
 
 #pragma omp parallel
   {
-    const std::size_t key_buf = static_cast<std::size_t>(kKeyTileTokens) * dp;
-    const std::size_t blk_buf = static_cast<std::size_t>(kKeyTileTokens) * kBlockCols;
+    const std::size_t key_buf = static_cast<std::size_t>(key_tile) * dp;
+    const std::size_t blk_buf = static_cast<std::size_t>(key_tile) * kBlockCols;
     std::vector<float> kb(key_buf), vb(key_buf), dk_acc(key_buf), dv_acc(key_buf);
     std::vector<float> qt(static_cast<std::size_t>(dp) * kBlockCols), dot(qt.size());
     std::vector<float> qb(static_cast<std::size_t>(kBlockCols) * dp), dob(qb.size());
@@ -90,9 +86,9 @@ void key_pass(const AttentionShape& s, const RowStats& st, const TensorView& dou
     for (std::int64_t task = 0; task < num_tasks; ++task) {
       const std::int64_t tile = list.tile_order[task / s.heads_kv];
       const std::int64_t h = task % s.heads_kv;
-      const std::int64_t y0 = tile * kKeyTileTokens;
-      const TileRows keys{
-          y0, static_cast<int>(std::min<std::int64_t>(kKeyTileTokens, s.seqlen_k - y0)), h, 1};
+      const std::int64_t y0 = tile * key_tile;
+      const TileRows keys{y0, static_cast<int>(std::min<std::int64_t>(key_tile, s.seqlen_k - y0)),
+                          h, 1};
       const int ny = keys.rows();
       gather_rows(k, keys, 1.0f, kb.data(), dp, ny);
       gather_rows(v, keys, 1.0f, vb.data(), dp, ny);
@@ -139,15 +135,11 @@ void key_pass(const AttentionShape& s, const RowStats& st, const TensorView& dou
   }
 }
 
-void query_pass(const AttentionShape& s, const RowStats& st, const TensorView& dout,
-                const TensorView& q, const TensorView& k, const TensorView& v,
-                const std::vector<Band>& work, const TensorView& dq,
-                const AttentionOptions& options) {
+void query_pass(const CallShape& s, const RowStats& st, const TensorView& dout, const TensorView& q,
+                const TensorView& k, const TensorView& v, const WorkList& list,
+                const TensorView& dq, const AttentionOptions& options) {
   const int group = static_cast<int>(s.group());
-  const int tile_tokens = q_tile_tokens(group);
-  const WorkList list = build_work_list(
-      work, s.seqlen_q, s.seqlen_k,
-      {.order = WorkListOrder::kRowMajor, .tile_rows = tile_tokens, .block_cols = kBlockCols});
+  const int tile_tokens = static_cast<int>(list.tile_rows);
   const int dp = round_up(static_cast<int>(s.head_dim), kLanes);
   const int max_rows = tile_tokens * group;
   const bool softcap = options.softcap > 0;
@@ -213,7 +205,7 @@ void query_pass(const AttentionShape& s, const RowStats& st, const TensorView& d
 }
 
 // d lse / d sink = exp(sink - lse); d loss / d sink[h] = -sum_q exp(sink[h] - lse[q]) delta[q].
-void sink_grad(const AttentionShape& s, const RowStats& st, const AttentionOptions& options,
+void sink_grad(const CallShape& s, const RowStats& st, const AttentionOptions& options,
                const TensorView& dsink) {
   const float* sink = static_cast<const float*>(options.sink.data);
   float* out = static_cast<float*>(dsink.data);
@@ -230,20 +222,19 @@ void sink_grad(const AttentionShape& s, const RowStats& st, const AttentionOptio
 
 }  // namespace
 
-void sink_gradient(const AttentionShape& s, const TensorView& dout, const TensorView& out,
+void sink_gradient(const CallShape& s, const TensorView& dout, const TensorView& out,
                    const TensorView& lse, const AttentionOptions& options,
                    const TensorView& dsink) {
   sink_grad(s, row_stats(s, dout, out, lse), options, dsink);
 }
 
-void backward(const AttentionShape& s, const TensorView& dout, const TensorView& q,
-              const TensorView& k, const TensorView& v, const TensorView& out,
-              const TensorView& lse, const std::vector<Band>& work, const TensorView& dq,
-              const TensorView& dk, const TensorView& dv, const AttentionOptions& options,
-              const TensorView& dsink) {
+void backward(const CallShape& s, const AttentionPlan::Impl& plan, const TensorView& dout,
+              const TensorView& q, const TensorView& k, const TensorView& v, const TensorView& out,
+              const TensorView& lse, const TensorView& dq, const TensorView& dk,
+              const TensorView& dv, const AttentionOptions& options, const TensorView& dsink) {
   const RowStats st = row_stats(s, dout, out, lse);
-  key_pass(s, st, dout, q, k, v, work, dk, dv, options);
-  query_pass(s, st, dout, q, k, v, work, dq, options);
+  key_pass(s, st, dout, q, k, v, plan.cols, dk, dv, options);
+  query_pass(s, st, dout, q, k, v, plan.rows, dq, options);
   if (!options.sink.empty() && !dsink.empty()) sink_grad(s, st, options, dsink);
 }
 

@@ -7,18 +7,17 @@
 #include "kernels/cpu/cpu_attention.h"
 #include "kernels/cpu/gemm.h"
 #include "kernels/cpu/tile_ops.h"
-#include "kernels/worklist/worklist.h"
+#include "kernels/tiles.h"
 
 namespace flexcp::cpu {
 
-void forward(const AttentionShape& s, const TensorView& q, const TensorView& k, const TensorView& v,
-             const std::vector<Band>& work, const TensorView& out, const TensorView& lse,
+void forward(const CallShape& s, const AttentionPlan::Impl& plan, const TensorView& q,
+             const TensorView& k, const TensorView& v, const TensorView& out, const TensorView& lse,
              const AttentionOptions& options) {
+  constexpr int kBlockCols = tiles::kCpuBlockCols;
   const int group = static_cast<int>(s.group());
-  const int tile_tokens = q_tile_tokens(group);
-  const WorkList list = build_work_list(
-      work, s.seqlen_q, s.seqlen_k,
-      {.order = WorkListOrder::kRowMajor, .tile_rows = tile_tokens, .block_cols = kBlockCols});
+  const WorkList& list = plan.rows;
+  const int tile_tokens = static_cast<int>(list.tile_rows);
   const int dp = round_up(static_cast<int>(s.head_dim), kLanes);
   const int max_rows = tile_tokens * group;
   const bool softcap = options.softcap > 0;
@@ -80,10 +79,9 @@ void forward(const AttentionShape& s, const TensorView& q, const TensorView& k, 
         float row_lse = (m[r] + std::log2(l[r])) * kLn2;
         float mul = 1.0f / l[r];
         if (sink) {
-          const float sk = sink[rows.head0 + r % group];
-          const float total = std::max(row_lse, sk) + std::log1p(std::exp(-std::abs(row_lse - sk)));
-          mul *= std::exp(row_lse - total);
-          row_lse = total;
+          const LseMerge with_sink = merge_lse(row_lse, sink[rows.head0 + r % group]);
+          mul *= with_sink.weight_a;
+          row_lse = with_sink.lse;
         }
         inv_l[r] = mul;
         lse_row[r] = row_lse;

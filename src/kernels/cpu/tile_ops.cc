@@ -111,14 +111,8 @@ void scatter_rows(const float* src, int ld, const float* row_mul, const TensorVi
 void mask_block(float* s, int ld, const TileRows& rows, std::int64_t c0, int num_cols,
                 const Band& band, EntryMask mask) {
   for (int xi = 0; xi < rows.num_tokens; ++xi) {
-    const std::int64_t x = rows.x0 + xi;
-    std::int64_t lo = 0, hi = num_cols;
-    if (mask != EntryMask::kNone && (x < band.row_begin || x >= band.row_end)) {
-      hi = 0;
-    } else if (mask == EntryMask::kElements) {
-      lo = std::clamp<std::int64_t>(band.begin(x) - c0, 0, num_cols);
-      hi = std::clamp<std::int64_t>(band.end(x) - c0, lo, num_cols);
-    }
+    const BlockColumns cols = attended_columns(band, mask, rows.x0 + xi, c0, c0 + num_cols, ld);
+    const std::int64_t lo = cols.lo, hi = cols.hi;
     if (lo == 0 && hi == ld) continue;
     for (int j = 0; j < rows.group; ++j) {
       float* row = s + static_cast<std::int64_t>(xi * rows.group + j) * ld;

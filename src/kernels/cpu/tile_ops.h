@@ -6,12 +6,10 @@
 #include <cstdint>
 
 #include "flexcp/tensor.h"
+#include "kernels/lse_merge.h"
 #include "kernels/worklist/worklist.h"
 
 namespace flexcp::cpu {
-
-inline constexpr float kLog2e = 1.4426950408889634f;
-inline constexpr float kLn2 = 0.6931471805599453f;
 
 struct TileRows {
   std::int64_t x0 = 0;  // first token

@@ -34,12 +34,6 @@ std::vector<std::pair<std::int64_t, std::int64_t>> row_intervals(const std::vect
   return out;
 }
 
-std::vector<Band> mask_bands(const Mask& mask) {
-  std::vector<Band> bands;
-  for (const Slice& s : mask.slices()) bands.push_back(slice_band(s));
-  return bands;
-}
-
 // Probabilities of one row (one q head) over its attended keys, and its lse; lse = -inf when the
 // row attends nothing. `raw` receives the pre-softcap logits' tanh for the chain rule.
 struct RowSoftmax {
@@ -49,7 +43,7 @@ struct RowSoftmax {
   double lse = -std::numeric_limits<double>::infinity();
 };
 
-RowSoftmax row_softmax(const AttentionShape& s, const AttentionOptions& o, const Reader& q,
+RowSoftmax row_softmax(const CallShape& s, const AttentionOptions& o, const Reader& q,
                        const Reader& k, const std::vector<Band>& bands, std::int64_t x,
                        std::int64_t hq) {
   RowSoftmax r;
@@ -83,8 +77,10 @@ RowSoftmax row_softmax(const AttentionShape& s, const AttentionOptions& o, const
 void reference_forward(const TensorView& q, const TensorView& k, const TensorView& v,
                        const Mask& mask, const TensorView& out, const TensorView& lse,
                        const AttentionOptions& options) {
-  const AttentionShape s =
-      check_forward_args("flexcp::reference_forward", q, k, v, mask, out, lse, options, true);
+  const ArgChecker c("flexcp::reference_forward");
+  check_mask(c, read_shape(c, q, k, v, true), mask);
+  const CallShape s =
+      check_forward(c, read_shape(c, q, k, v, true), q, k, v, out, lse, options, true);
   const std::vector<Band> bands = mask_bands(mask);
   const Reader rq{q}, rk{k}, rv{v};
   for (std::int64_t x = 0; x < s.seqlen_q; ++x) {
@@ -105,8 +101,10 @@ void reference_backward(const TensorView& dout, const TensorView& q, const Tenso
                         const TensorView& v, const Mask& mask, const TensorView& dq,
                         const TensorView& dk, const TensorView& dv, const AttentionOptions& options,
                         const TensorView& dsink) {
-  const AttentionShape s = check_backward_args("flexcp::reference_backward", dout, q, k, v, {}, {},
-                                               mask, dq, dk, dv, options, dsink, true);
+  const ArgChecker c("flexcp::reference_backward");
+  check_mask(c, read_shape(c, q, k, v, true), mask);
+  const CallShape s = check_backward(c, read_shape(c, q, k, v, true), dout, q, k, v, {}, {}, dq, dk,
+                                     dv, options, dsink, true);
   const std::vector<Band> bands = mask_bands(mask);
   const Reader rq{q}, rk{k}, rv{v}, rdo{dout};
   const std::int64_t dim = s.head_dim;

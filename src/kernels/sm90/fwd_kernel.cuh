@@ -16,6 +16,7 @@
 #include <cute/tensor.hpp>
 #include <cutlass/pipeline/pipeline.hpp>
 
+#include "kernels/lse_merge.h"
 #include "kernels/sm90/fwd_params.h"
 
 namespace flexcp::sm90 {
@@ -131,10 +132,10 @@ __device__ __forceinline__ Item decode_item(const FwdParams& p, int i) {
   Item it;
   it.kv_head = i / per_head;
   const int rest = i % per_head;
-  it.tile = p.tile_order[rest / p.head_blocks];
+  it.tile = p.work.tile_order[rest / p.head_blocks];
   it.head0 = it.kv_head * p.group + (rest % p.head_blocks) * p.pack;
-  it.e_begin = int(p.tile_offsets[it.tile]);
-  it.e_end = int(p.tile_offsets[it.tile + 1]);
+  it.e_begin = int(p.work.tile_offsets[it.tile]);
+  it.e_end = int(p.work.tile_offsets[it.tile + 1]);
   return it;
 }
 
@@ -194,7 +195,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
     auto k_state = cutlass::make_producer_start_state<PipelineKV>();
     auto v_state = cutlass::make_producer_start_state<PipelineKV>();
     auto item_state = cutlass::make_producer_start_state<PipelineItem>();
-    for (int i = blockIdx.x;; i = gridDim.x + atomicAdd(p.item_counter, 1)) {
+    for (int i = blockIdx.x;; i = gridDim.x + atomicAdd(p.work.scheduler, 1)) {
       pipe_item.producer_acquire(item_state);
       ss.item[item_state.index()] = i;
       pipe_item.producer_commit(item_state);
@@ -203,9 +204,9 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
         // Every CTA has taken its last item once all have counted themselves out here; the last
         // one resets the counters for the next launch (launches on a stream run in turn).
         __threadfence();
-        if (atomicAdd(p.item_counter + 1, 1) == int(gridDim.x) - 1) {
-          atomicExch(p.item_counter, 0);
-          atomicExch(p.item_counter + 1, 0);
+        if (atomicAdd(p.work.scheduler + 1, 1) == int(gridDim.x) - 1) {
+          atomicExch(p.work.scheduler, 0);
+          atomicExch(p.work.scheduler + 1, 0);
         }
         break;
       }
@@ -218,7 +219,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
                                q_dst + c * kBlockM * 64, c * 64, it.tile << p.rows_log2, it.head0);
       ++q_state;
       for (int e = it.e_begin; e < it.e_end; ++e) {
-        const WorkEntry entry = p.entries[e];
+        const WorkEntry entry = p.work.entries[e];
         for (std::int64_t c0 = entry.begin; c0 < entry.end; c0 += kBlockN) {
           pipe_k.producer_acquire(k_state);
           Element* k_dst = ss.k.data() + k_state.index() * kBlockN * kHeadDim;
@@ -307,7 +308,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
   WorkEntry entry{};
   auto start_cursor = [&]() {
     e = rows.it.e_begin;
-    entry = p.entries[e];
+    entry = p.work.entries[e];
     c0 = int(entry.begin);
     end = int(entry.end);
   };
@@ -327,7 +328,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
       ++q_state;
       return true;
     }
-    entry = p.entries[e];
+    entry = p.work.entries[e];
     c0 = int(entry.begin);
     end = int(entry.end);
     return false;
@@ -347,23 +348,14 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
     }
     // Columns [lo, hi) of the block are attended by each row; masking only on edge blocks.
     if (blk_mask != EntryMask::kNone || blk_c0 + kBlockN > blk_end) {
-      const Band band = p.bands[blk_band];
+      const Band band = p.work.bands[blk_band];
       int lo32[2], hi32[2];  // relative to this thread's first column, col_base
       CUTLASS_PRAGMA_UNROLL
       for (int h = 0; h < 2; ++h) {
-        const std::int64_t t = rows.token[h];
-        std::int64_t lo = 0, hi = blk_end - blk_c0;
-        if (blk_mask != EntryMask::kNone) {
-          if (t < band.row_begin || t >= band.row_end) {
-            hi = 0;
-          } else if (blk_mask == EntryMask::kElements) {
-            lo = band.begin(t) - blk_c0;
-            const std::int64_t band_end = band.end(t);
-            hi = (band_end < blk_end ? band_end : blk_end) - blk_c0;
-          }
-        }
-        lo32[h] = int(lo < 0 ? 0 : (lo > kBlockN ? kBlockN : lo)) - col_base;
-        hi32[h] = int(hi < 0 ? 0 : (hi > kBlockN ? kBlockN : hi)) - col_base;
+        const BlockColumns cols =
+            attended_columns(band, blk_mask, rows.token[h], blk_c0, blk_end, kBlockN);
+        lo32[h] = int(cols.lo) - col_base;
+        hi32[h] = int(cols.hi) - col_base;
       }
       // Most edge blocks are cut on one side only (a causal diagonal, the first block of a
       // window): each side is tested only when a row of the warp is cut there.
@@ -473,17 +465,14 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
       l += __shfl_xor_sync(0xffffffffu, l, 2);
       mul[h] = 0.f;
       float lse = kNegInf;
-      if (l > 0.f) {
-        float lse2 = r.max[h] + __log2f(l);
+      if (l > 0.f) {  // a row with no attended key keeps out = 0, lse = -inf (and no sink)
+        lse = (r.max[h] + __log2f(l)) * kLn2;
         mul[h] = 1.f / l;
         if (p.sink != nullptr) {
-          const float sink2 = p.sink[r.head[h]] * 1.4426950408889634f;
-          const float top = fmaxf(lse2, sink2);
-          const float total = top + __log2f(1.f + exp2f(-fabsf(lse2 - sink2)));
-          mul[h] *= exp2f(lse2 - total);
-          lse2 = total;
+          const LseMerge with_sink = merge_lse(lse, p.sink[r.head[h]]);
+          mul[h] *= with_sink.weight_a;
+          lse = with_sink.lse;
         }
-        lse = lse2 * 0.6931471805599453f;
       }
       if (r.token[h] < p.seqlen_q && lane % 4 == 0)
         p.lse[std::int64_t(r.token[h]) * p.lse_stride_t +

@@ -7,14 +7,16 @@
 #include <cstdint>
 
 #include "flexcp/band.h"
+#include "kernels/plan/workspace.h"
+#include "kernels/tiles.h"
 #include "kernels/worklist/worklist.h"
 
 namespace flexcp::sm90 {
 
 // One CTA owns kBlockM rows of q (the q heads of one kv head packed into them, DESIGN §3) and
-// walks its work list in K/V blocks of kBlockN keys.
-inline constexpr int kBlockM = 128;
-inline constexpr int kBlockN = 128;
+// walks its work list in K/V blocks of kBlockN keys (kernels/tiles.h says why these sizes).
+inline constexpr int kBlockM = tiles::kSm90BlockM;
+inline constexpr int kBlockN = tiles::kSm90BlockN;
 
 struct FwdParams {
   // q as {D, Tq, Hq}, boxes of {64, rows_per_tile, pack}; k and v as {D, Tk, Hk}, boxes of
@@ -28,13 +30,12 @@ struct FwdParams {
 
   float* lse = nullptr;  // [Tq, Hq]
   std::int64_t lse_stride_t = 0, lse_stride_h = 0;
-  const float* sink = nullptr;  // [Hq] on the device, or null
+  const float* sink = nullptr;  // [Hq] on the device (the caller's tensor), or null
 
-  // The row-major work list (tiles of rows_per_tile q rows), in device memory.
-  const std::int64_t* tile_offsets = nullptr;
-  const WorkEntry* entries = nullptr;
-  const Band* bands = nullptr;
-  const std::int32_t* tile_order = nullptr;
+  // The plan's row-major work list (tiles of rows_per_tile q rows) in its workspace, with the
+  // scheduler's counters: {next item - gridDim.x, CTAs done}, zero at launch, reset to zero by
+  // the last CTA.
+  DeviceWorkList work;
 
   int num_tiles = 0;
   int seqlen_q = 0;
@@ -45,8 +46,6 @@ struct FwdParams {
   int rows_log2 = 7;    // rows_per_tile = kBlockM / pack = 1 << rows_log2
   int head_blocks = 1;  // group / pack
   int items = 0;        // num_tiles * heads_kv * head_blocks
-  // {next item - gridDim.x, CTAs done}: zero at launch, reset to zero by the last CTA.
-  int* item_counter = nullptr;
 
   // Logits: s = q.k; with softcap, s = softcap * tanh(scale * s / softcap), computed from
   // 2^(s * softcap_scale) with softcap_scale = 2 log2(e) scale / softcap, and the softmax runs on

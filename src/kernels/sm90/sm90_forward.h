@@ -1,23 +1,25 @@
-// The Hopper (sm_90a) forward on device tensors. Arguments are checked by flexcp::forward first;
-// this layer checks what only the GPU path needs (layout for TMA, compiled instantiation, device).
+// The Hopper (sm_90a) forward on device tensors. Arguments are checked by flexcp::forward first,
+// the kernel's availability and limits when the plan was built; this layer checks what only the
+// launch needs (layouts TMA can read, a bound workspace, an sm_90 device) and only launches: no
+// allocation, no copy, no synchronisation.
 #pragma once
 
-#include <vector>
+#include <string>
 
 #include "core/checks.h"
 #include "flexcp/attention.h"
-#include "flexcp/band.h"
+#include "kernels/plan/attention_plan_impl.h"
 
 namespace flexcp::sm90 {
 
-// Whether an instantiation for this dtype and head dim is compiled into the build.
+// Whether an instantiation for this dtype and head dim is compiled into the build, and the list
+// ("bf16/64, bf16/128, ...").
 bool compiled(DType dtype, std::int64_t head_dim);
+std::string compiled_list();
 
-// Attention over `work` (bands in (q, k) coordinates) on options.cuda_stream. The device work list
-// is built once per (mask, device, packing) and kept in a small cache, so repeated calls over one
-// mask (every layer of a model) cost only the launch.
-void forward(const AttentionShape& s, const TensorView& q, const TensorView& k, const TensorView& v,
-             const std::vector<Band>& work, const TensorView& out, const TensorView& lse,
+// Attention over the plan's work list (in its bound workspace) on options.cuda_stream.
+void forward(const CallShape& s, const AttentionPlan::Impl& plan, const TensorView& q,
+             const TensorView& k, const TensorView& v, const TensorView& out, const TensorView& lse,
              const AttentionOptions& options);
 
 }  // namespace flexcp::sm90

@@ -30,13 +30,6 @@ void append_tile_entries(const Band& band, std::int32_t band_idx, std::int64_t r
 
 }  // namespace
 
-WorkList build_work_list(const Mask& mask, const WorkListOptions& options) {
-  std::vector<Band> bands;
-  bands.reserve(mask.slices().size());
-  for (const Slice& slice : mask.slices()) bands.push_back(slice_band(slice));
-  return build_work_list(bands, mask.seqlen_q(), mask.seqlen_k(), options);
-}
-
 WorkList build_work_list(const std::vector<Band>& row_bands, std::int64_t num_rows,
                          std::int64_t num_cols, const WorkListOptions& options) {
   if (options.tile_rows < 1)

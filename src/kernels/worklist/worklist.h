@@ -12,14 +12,9 @@
 
 #include "flexcp/band.h"
 #include "flexcp/mask.h"
+#include "kernels/worklist/tile_mask.h"
 
 namespace flexcp {
-
-enum class EntryMask : std::int32_t {
-  kNone = 0,      // every row of the tile attends every column of the interval
-  kRows = 1,      // rows of the tile outside [band.row_begin, band.row_end) attend none of it
-  kElements = 2,  // test each (row, column) against the band
-};
 
 struct WorkEntry {
   std::int64_t begin = 0;  // column interval [begin, end)
@@ -51,9 +46,8 @@ struct WorkList {
   std::int64_t num_tiles() const { return static_cast<std::int64_t>(tile_area.size()); }
 };
 
-// From bands over (rows, columns) in row-major orientation (the plan's local work), or from a mask.
+// From bands over (rows, columns) in row-major orientation (a mask's, or a plan's local work).
 WorkList build_work_list(const std::vector<Band>& bands, std::int64_t num_rows,
                          std::int64_t num_cols, const WorkListOptions& options);
-WorkList build_work_list(const Mask& mask, const WorkListOptions& options);
 
 }  // namespace flexcp

@@ -1,0 +1,220 @@
+// AttentionPlan: the checks of a problem, its work lists in the tile sizes of the kernels that
+// will run it (kernels/tiles.h), and for device plans the workspace they are copied to once.
+#include "flexcp/attention_plan.h"
+
+#include <string>
+
+#include "core/checks.h"
+#include "flexcp/status.h"
+#include "kernels/plan/attention_plan_impl.h"
+#include "kernels/tiles.h"
+#if defined(FLEXCP_WITH_CUDA)
+#include "kernels/cuda/runtime.h"
+#include "kernels/sm90/sm90_forward.h"
+#endif
+
+namespace flexcp {
+
+DeviceWorkList lay_out(const WorkList& list, WorkspaceWriter& writer) {
+  DeviceWorkList d;
+  d.tile_offsets = writer.put("tile offsets", list.tile_offsets);
+  d.entries = writer.put("entries", list.entries);
+  d.bands = writer.put("bands", list.bands);
+  d.tile_order = writer.put("tile order", list.tile_order);
+  d.scheduler = writer.zeros<int>("scheduler counters", kSchedulerInts);
+  d.num_tiles = list.num_tiles();
+  return d;
+}
+
+namespace {
+
+void check_shape(const ArgChecker& c, const AttentionShape& s) {
+  if (s.seqlen_q < 0 || s.seqlen_k < 0)
+    c.fail("seqlen_q " + std::to_string(s.seqlen_q) + " and seqlen_k " +
+           std::to_string(s.seqlen_k) + ", expected sizes >= 0");
+  if (s.heads_q < 1 || s.heads_kv < 1 || s.heads_q % s.heads_kv != 0)
+    c.fail("heads_q " + std::to_string(s.heads_q) + " and heads_kv " + std::to_string(s.heads_kv) +
+           ", expected heads_q a positive multiple of heads_kv");
+  if (s.head_dim < 1) c.fail("head_dim is " + std::to_string(s.head_dim) + ", expected >= 1");
+  if (s.dtype == DType::kFloat64) c.fail("dtype is fp64, expected fp32, bf16 or fp16");
+  if (s.device == Device::kCuda && s.device_index < 0)
+    c.fail("device_index is " + std::to_string(s.device_index) + ", expected >= 0");
+}
+
+// Whether a kernel for the shape is in this build, said before any list is built.
+void check_kernel(const ArgChecker& c, const AttentionShape& s) {
+  if (s.device != Device::kCuda) return;
+#if defined(FLEXCP_WITH_CUDA)
+  if (s.dtype == DType::kFloat32)
+    throw Error(Status::kNotCompiled,
+                c.fn() + ": q has dtype fp32; the CUDA kernel takes bf16 or fp16");
+  if (!sm90::compiled(s.dtype, s.head_dim))
+    throw Error(Status::kNotCompiled, c.fn() + ": no CUDA kernel for dtype " + dtype_name(s.dtype) +
+                                          " and head dim " + std::to_string(s.head_dim) +
+                                          " in this build (compiled: " + sm90::compiled_list() +
+                                          ")");
+  // The kernel keeps token and column indices in 32 bits (a tile may overhang the end by a block).
+  constexpr std::int64_t kMaxTokens = INT32_MAX - 2 * tiles::kSm90BlockM;
+  if (s.seqlen_q > kMaxTokens || s.seqlen_k > kMaxTokens)
+    c.fail("seqlen_q " + std::to_string(s.seqlen_q) + " and seqlen_k " +
+           std::to_string(s.seqlen_k) + ": the CUDA kernel takes at most " +
+           std::to_string(kMaxTokens) + " tokens");
+#else
+  throw Error(Status::kNotCompiled,
+              c.fn() +
+                  ": this build has no CUDA kernels (configured without CUDA); pass tensors "
+                  "in host memory (device cpu)");
+#endif
+}
+
+// Bands inside the shape's rectangle that cover no pair twice: what every kernel assumes.
+std::vector<Band> checked_work(const ArgChecker& c, const std::vector<Band>& work,
+                               const AttentionShape& s) {
+  std::vector<Band> bands;
+  bands.reserve(work.size());
+  for (std::size_t i = 0; i < work.size(); ++i) {
+    const Band b = trim_band(work[i]);
+    if (b.row_begin >= b.row_end) continue;
+    // begin and end never decrease with the row: the extremes sit at the first and last rows.
+    if (b.row_begin < 0 || b.row_end > s.seqlen_q || b.begin(b.row_begin) < 0 ||
+        b.end(b.row_end - 1) > s.seqlen_k)
+      c.fail("work band " + std::to_string(i) + " covers rows [" + std::to_string(b.row_begin) +
+             ", " + std::to_string(b.row_end) + ") and columns [" +
+             std::to_string(b.begin(b.row_begin)) + ", " + std::to_string(b.end(b.row_end - 1)) +
+             "), expected inside [0, " + std::to_string(s.seqlen_q) + ") x [0, " +
+             std::to_string(s.seqlen_k) + ")");
+    bands.push_back(b);
+  }
+  if (const BandOverlap o = find_overlap(bands); o.found)
+    c.fail("work bands " + std::to_string(o.first) + " and " + std::to_string(o.second) +
+           " (of the non-empty ones) both cover the pair (q=" + std::to_string(o.cells.row_begin) +
+           ", k=" + std::to_string(o.cells.begin(o.cells.row_begin)) +
+           "); the work must not cover a pair twice");
+  return bands;
+}
+
+AttentionPlan plan_for_mask(const Mask& mask, const AttentionShape& shape) {
+  const ArgChecker c("flexcp::AttentionPlan");
+  if (mask.seqlen_q() != shape.seqlen_q || mask.seqlen_k() != shape.seqlen_k)
+    c.fail("the mask is " + std::to_string(mask.seqlen_q()) + " x " +
+           std::to_string(mask.seqlen_k()) + " tokens, expected the shape's " +
+           std::to_string(shape.seqlen_q) + " x " + std::to_string(shape.seqlen_k));
+  return make_attention_plan(mask_bands(mask), shape, "flexcp::AttentionPlan");
+}
+
+}  // namespace
+
+AttentionPlan make_attention_plan(const std::vector<Band>& work, const AttentionShape& shape,
+                                  const char* fn) {
+  const ArgChecker c(fn);
+  check_shape(c, shape);
+  check_kernel(c, shape);
+  const std::vector<Band> bands = checked_work(c, work, shape);
+  auto impl = std::make_unique<AttentionPlan::Impl>();
+  impl->shape = shape;
+  for (const Band& b : bands)
+    impl->area += band_area(b, b.row_begin, b.row_end, b.begin_min, b.end_max);
+  const std::int64_t tq = shape.seqlen_q, tk = shape.seqlen_k;
+  if (shape.device == Device::kCpu) {
+    impl->rows = build_work_list(bands, tq, tk,
+                                 {.order = WorkListOrder::kRowMajor,
+                                  .tile_rows = tiles::cpu_q_tile_tokens(shape.group()),
+                                  .block_cols = tiles::kCpuBlockCols});
+    impl->cols = build_work_list(bands, tq, tk,
+                                 {.order = WorkListOrder::kColumnMajor,
+                                  .tile_rows = tiles::kCpuKeyTileTokens,
+                                  .block_cols = tiles::kCpuBlockCols});
+    return AttentionPlan(std::move(impl));
+  }
+  impl->pack = tiles::sm90_pack(shape.group());
+  impl->rows = build_work_list(bands, tq, tk,
+                               {.order = WorkListOrder::kRowMajor,
+                                .tile_rows = tiles::kSm90BlockM / impl->pack,
+                                .block_cols = tiles::kSm90BlockN});
+  const std::int64_t items = impl->rows.num_tiles() * shape.heads_kv * (shape.group() / impl->pack);
+  if (impl->rows.entries.size() > static_cast<std::size_t>(INT32_MAX) || items > INT32_MAX)
+    c.fail("the work list has " + std::to_string(impl->rows.entries.size()) + " entries and " +
+           std::to_string(items) +
+           " (tile, head) items; the CUDA kernel takes at most 2^31 - 1 of each (fewer slices "
+           "per tile, or fewer tokens per call)");
+  WorkspaceWriter sizer(0, nullptr);
+  lay_out(impl->rows, sizer);
+  impl->workspace_bytes = sizer.size();
+  impl->workspace_regions = sizer.regions();
+  return AttentionPlan(std::move(impl));
+}
+
+AttentionPlan::AttentionPlan() = default;
+AttentionPlan::AttentionPlan(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
+AttentionPlan::AttentionPlan(const Mask& mask, const AttentionShape& shape)
+    : AttentionPlan(plan_for_mask(mask, shape)) {}
+AttentionPlan::AttentionPlan(const std::vector<Band>& work, const AttentionShape& shape)
+    : AttentionPlan(make_attention_plan(work, shape, "flexcp::AttentionPlan")) {}
+AttentionPlan::AttentionPlan(AttentionPlan&&) noexcept = default;
+AttentionPlan& AttentionPlan::operator=(AttentionPlan&&) noexcept = default;
+AttentionPlan::~AttentionPlan() = default;
+
+bool AttentionPlan::empty() const {
+  return impl_ == nullptr;
+}
+
+const AttentionPlan::Impl& AttentionPlan::impl() const {
+  if (!impl_)
+    throw Error(Status::kInvalidUsage,
+                "flexcp::AttentionPlan: the plan is empty (default-"
+                "constructed or moved from)");
+  return *impl_;
+}
+
+const AttentionShape& AttentionPlan::shape() const {
+  return impl().shape;
+}
+
+std::int64_t AttentionPlan::area() const {
+  return impl().area;
+}
+
+std::size_t AttentionPlan::workspace_bytes() const {
+  return impl().workspace_bytes;
+}
+
+bool AttentionPlan::has_workspace() const {
+  return impl_ && impl_->workspace != nullptr;
+}
+
+void AttentionPlan::bind_workspace(void* workspace, std::size_t bytes, void* cuda_stream) {
+  const std::string fn = "flexcp::AttentionPlan::bind_workspace";
+  impl();  // an empty plan is an error
+  Impl& m = *impl_;
+  if (m.shape.device != Device::kCuda)
+    throw Error(Status::kInvalidUsage, fn + ": a host plan needs no workspace");
+  const ArgChecker c(fn);
+  if (workspace == nullptr || bytes < m.workspace_bytes)
+    c.fail("workspace has " + std::to_string(bytes) + " bytes, expected at least " +
+           std::to_string(m.workspace_bytes) + " (" + m.workspace_regions + ")");
+  if (reinterpret_cast<std::uintptr_t>(workspace) % kWorkspaceAlign != 0)
+    c.fail("workspace is not " + std::to_string(kWorkspaceAlign) + "-byte aligned");
+#if defined(FLEXCP_WITH_CUDA)
+  cudaPointerAttributes attr{};
+  cuda::check(cudaPointerGetAttributes(&attr, workspace), fn, "cudaPointerGetAttributes");
+  if ((attr.type != cudaMemoryTypeDevice && attr.type != cudaMemoryTypeManaged) ||
+      attr.device != m.shape.device_index)
+    c.fail("workspace is not device memory of " + device_name(Device::kCuda, m.shape.device_index));
+  std::vector<unsigned char> image(m.workspace_bytes);
+  WorkspaceWriter writer(reinterpret_cast<std::uintptr_t>(workspace), image.data());
+  const DeviceWorkList rows = lay_out(m.rows, writer);
+  const cuda::DeviceGuard guard(m.shape.device_index, fn);
+  // NOTE: from pageable memory the copy returns once the image is staged, so it may go out of
+  // scope; the device sees it in stream order.
+  cuda::check(cudaMemcpyAsync(workspace, image.data(), image.size(), cudaMemcpyHostToDevice,
+                              static_cast<cudaStream_t>(cuda_stream)),
+              fn, "copying the work lists to the device");
+  m.device_rows = rows;
+  m.workspace = workspace;
+#else
+  (void)cuda_stream;
+  throw Error(Status::kNotCompiled, fn + ": this build has no CUDA support");
+#endif
+}
+
+}  // namespace flexcp

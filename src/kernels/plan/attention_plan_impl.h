@@ -1,0 +1,32 @@
+// What an AttentionPlan holds: the work lists of its kernels, in their tile sizes
+// (kernels/tiles.h), and for device plans the bound workspace they were copied to.
+#pragma once
+
+#include <cstddef>
+
+#include "flexcp/attention_plan.h"
+#include "kernels/plan/workspace.h"
+#include "kernels/worklist/worklist.h"
+
+namespace flexcp {
+
+struct AttentionPlan::Impl {
+  AttentionShape shape;
+  std::int64_t area = 0;
+  // q-tile-major: the forward, and the CPU backward's dQ pass (same tiles).
+  WorkList rows;
+  // k-tile-major: the CPU backward's dK/dV pass. Empty for device plans (no CUDA backward yet).
+  WorkList cols;
+  int pack = 1;  // sm90: q heads packed into one tile's rows (tiles::sm90_pack)
+
+  std::size_t workspace_bytes = 0;
+  std::string workspace_regions;  // for the message of a too-small workspace
+  void* workspace = nullptr;      // bound device memory, or null
+  DeviceWorkList device_rows;     // views of `rows` in the workspace, once bound
+};
+
+// Builds a plan, naming `fn` in its errors (the public entry that asked for it).
+AttentionPlan make_attention_plan(const std::vector<Band>& work, const AttentionShape& shape,
+                                  const char* fn);
+
+}  // namespace flexcp

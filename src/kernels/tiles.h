@@ -1,0 +1,37 @@
+// The tile sizes every kernel's work lists are built in: one table, with why each fits. Plans
+// (kernels/plan/) build their lists from it, and the kernels read the same constants.
+#pragma once
+
+#include <cstdint>
+
+namespace flexcp::tiles {
+
+// CPU kernels. A q tile holds about kCpuTileRows (token, head) rows, so that one worker's Q, O
+// and S buffers (about 200 KiB at D = 128) stay in its L2 cache; at least kCpuMinTileTokens
+// tokens, so that a large GQA group still walks its keys in long runs. Key blocks of
+// kCpuBlockCols columns are one micro-kernel width on AVX-512. The backward's k tiles are
+// kCpuKeyTileTokens keys of one head (their dK and dV accumulators, 64 KiB at D = 128).
+inline constexpr int kCpuTileRows = 128;
+inline constexpr int kCpuMinTileTokens = 16;
+inline constexpr int kCpuBlockCols = 64;
+inline constexpr int kCpuKeyTileTokens = 64;
+inline int cpu_q_tile_tokens(std::int64_t group) {
+  const std::int64_t t = kCpuTileRows / group;
+  return t < kCpuMinTileTokens ? kCpuMinTileTokens : static_cast<int>(t);
+}
+
+// sm90 forward. One CTA owns kSm90BlockM rows of q (two consumer warp groups of 64 rows, the
+// wgmma M) and walks K/V in blocks of kSm90BlockN keys: at head dim 128 the two Q buffers, two
+// K and V stages and the O staging tile take 224 KiB of the 227 KiB of shared memory, and a
+// 128-key S tile is 64 fp32 registers per thread (176 keys spilled at the 232-register budget).
+inline constexpr int kSm90BlockM = 128;
+inline constexpr int kSm90BlockN = 128;
+// q heads of one kv head packed into a tile's rows: the largest power of two dividing the group
+// (so that a tile holds whole heads and K/V blocks load once for all of them), at most the tile.
+inline int sm90_pack(std::int64_t group) {
+  int pack = 1;
+  while (group % (2 * pack) == 0 && 2 * pack <= kSm90BlockM) pack *= 2;
+  return pack;
+}
+
+}  // namespace flexcp::tiles
