@@ -32,7 +32,7 @@ struct PlanOptions {
   // chunks). 0: chunks_per_rank decides.
   std::int64_t chunk_size = 0;
   // With chunk_size 0: chunks per rank, the chunks then equal to within one token. 0: chosen
-  // (kDefaultChunksPerRank, fewer where chunks would fall below kMinChunkTokens).
+  // among kChunksPerRankChoices (see there).
   std::int64_t chunks_per_rank = 0;
   int gpus_per_node = 0;  // 0: every rank on one node
   int num_stages = 0;     // remote stages of every rank that receives; 0: each rank's own choice
@@ -45,9 +45,13 @@ struct PlanOptions {
   CostModel cost;
 };
 
-// Runs of this many neighbouring chunks are placed together (they attend mostly the same keys),
-// so the default counts are multiples of it.
-inline constexpr std::int64_t kDefaultChunksPerRank = 16;
+// The chosen chunk count: of these counts per rank (multiples of 4, so that runs of 4 neighbouring
+// chunks, which attend mostly the same keys, are always placed together), the one whose dispatch
+// moves the fewest K/V bytes with an imbalance of at most kChosenImbalance (the most balanced one
+// when none is), among those whose chunks keep kMinChunkTokens tokens. Where none does (short
+// sequences on many ranks), the largest of 4, 2 and 1 that does, or 1.
+inline constexpr std::int64_t kChunksPerRankChoices[] = {8, 12, 16, 24, 32};
+inline constexpr double kChosenImbalance = 1.01;
 inline constexpr std::int64_t kMinChunkTokens = 128;
 
 // The global part: identical on every rank.
@@ -156,7 +160,8 @@ struct RankSummary {
   double rank_ms = 0;
 };
 
-// Every rank planned in turn (keeping only its figures, so memory follows one rank's plan),
+// Every rank planned (in parallel over OpenMP threads, each rank's plan single-threaded; keeping
+// only its figures, so memory follows a few ranks' plans, not the world's),
 // beside ring attention (zigzag), Ulysses, all-gather and MagiAttention's default dispatch.
 struct FLEXCP_API PlanReport {
   PlanOptions options;

@@ -129,6 +129,8 @@ BaselineFigures magi_baseline(const std::vector<Band>& bands, const Mask& mask,
   for (std::int64_t c = 0; c < n; ++c) mine[kv.owner[c]].push_back(c);
   std::int64_t total = 0, worst = 0, tokens = 0;
   double slowest = 0, busy = 0;
+#pragma omp parallel for schedule(dynamic, 1) reduction(+ : total, tokens, busy) \
+    reduction(max : worst, slowest)
   for (int r = 0; r < w; ++r) {
     std::vector<Piece> pieces = remote_pieces(attended_spans(bands, index, mine[r]), kv, r);
     const std::int64_t local = piece_areas(bands, index, mine[r], pieces);

@@ -16,17 +16,12 @@ namespace {
 
 constexpr std::int64_t kRunLength = 4;  // chunks placed together before single chunks are balanced
 constexpr double kBalanceTolerance = 0.002;  // refinement stops at max rank cost <= mean * 1.002
+// Lightest ranks a refinement round offers the heaviest one a swap with: the largest gaps are
+// there, and past them a failed round (no rank can take a swap) would cost O(W m^2 log m).
+constexpr int kMaxLightTries = 32;
 
 [[noreturn]] void fail(const std::string& message) {
   throw Error(Status::kInvalidArgument, "flexcp::make_plan: " + message);
-}
-
-// kDefaultChunksPerRank, halved while chunks would be shorter than kMinChunkTokens (short
-// sequences on many ranks): halving keeps the count a multiple of the run length or a divisor.
-std::int64_t default_chunks_per_rank(std::int64_t seqlen, int world) {
-  std::int64_t per_rank = kDefaultChunksPerRank;
-  while (per_rank > 1 && seqlen / (world * per_rank) < kMinChunkTokens) per_rank /= 2;
-  return per_rank;
 }
 
 }  // namespace
@@ -87,13 +82,22 @@ std::vector<Range> cut_chunks(std::int64_t seqlen, const PlanOptions& o) {
     for (std::int64_t i = 0; i < n; ++i) chunks[i] = {i * c, std::min((i + 1) * c, seqlen)};
     return chunks;
   }
-  const std::int64_t per_rank =
-      o.chunks_per_rank > 0 ? o.chunks_per_rank : default_chunks_per_rank(seqlen, world);
+  const std::int64_t per_rank = o.chunks_per_rank;
   if (per_rank * world > seqlen)
     fail("chunks_per_rank " + std::to_string(per_rank) + " on " + std::to_string(world) +
          " ranks is " + std::to_string(per_rank * world) + " chunks for " + std::to_string(seqlen) +
          " tokens, expected at most one chunk per token");
   return equal_chunks(seqlen, per_rank * world);
+}
+
+std::vector<std::int64_t> chunks_per_rank_choices(std::int64_t seqlen, int world) {
+  std::vector<std::int64_t> choices;
+  for (std::int64_t p : kChunksPerRankChoices)
+    if (seqlen / (world * p) >= kMinChunkTokens) choices.push_back(p);
+  if (!choices.empty()) return choices;
+  for (std::int64_t p : {4, 2})
+    if (seqlen / (world * p) >= kMinChunkTokens) return {p};
+  return {1};
 }
 
 std::vector<std::int64_t> chunk_costs(const std::vector<Band>& bands, const ChunkIndex& index) {
@@ -129,9 +133,10 @@ std::vector<int> greedy(const std::vector<std::int64_t>& costs, int world) {
   return owner;
 }
 
-// Swap one chunk of the heaviest rank with a lighter chunk of a lighter rank (lightest first), the
-// swap whose cost difference is closest to half the gap, until no swap lowers the heaviest rank.
-// Loads live in an ordered set, so a round costs O(log W + m log m) for m chunks per rank.
+// Swap one chunk of the heaviest rank with a lighter chunk of a lighter rank (among the
+// kMaxLightTries lightest, lightest first), the swap whose cost difference is closest to half the
+// gap, until no swap lowers the heaviest rank. Loads live in an ordered set, so a round costs
+// O(log W + m^2 log m) for m chunks per rank.
 void refine(const std::vector<std::int64_t>& costs, int world, std::vector<int>& owner) {
   std::vector<std::int64_t> load(world, 0);
   std::vector<std::vector<std::int64_t>> mine(world);
@@ -139,9 +144,12 @@ void refine(const std::vector<std::int64_t>& costs, int world, std::vector<int>&
     load[owner[c]] += costs[c];
     mine[owner[c]].push_back(static_cast<std::int64_t>(c));
   }
+  // Each rank's chunks stay sorted by cost (re-sorted after a swap), so a round searches them
+  // without sorting.
   auto by_cost = [&](std::int64_t a, std::int64_t b) {
     return costs[a] < costs[b] || (costs[a] == costs[b] && a < b);
   };
+  for (auto& m : mine) std::sort(m.begin(), m.end(), by_cost);
   std::set<std::pair<std::int64_t, int>> by_load;
   for (int r = 0; r < world; ++r) by_load.insert({load[r], r});
   // Exchanges chunks heavy[ai...] with light[bi...] (indices into mine[]), moving d of cost.
@@ -160,13 +168,16 @@ void refine(const std::vector<std::int64_t>& costs, int world, std::vector<int>&
     load[light] += d;
     by_load.insert({load[heavy], heavy});
     by_load.insert({load[light], light});
+    std::sort(mine[heavy].begin(), mine[heavy].end(), by_cost);
+    std::sort(mine[light].begin(), mine[light].end(), by_cost);
   };
   // When no single chunk fits the gap (say, the heavy rank holds a few huge chunks and many tiny
   // ones), two for two: the pair sums whose difference is closest to half the gap.
+  std::vector<std::tuple<std::int64_t, std::int64_t, std::int64_t>> sums;  // (sum, i, j) of light
   auto swap_pairs = [&](int heavy, int light, std::int64_t gap) {
     const auto& hc = mine[heavy];
     const auto& lc = mine[light];
-    std::vector<std::tuple<std::int64_t, std::int64_t, std::int64_t>> sums;  // (sum, i, j) of light
+    sums.clear();
     for (std::size_t i = 0; i < lc.size(); ++i)
       for (std::size_t j = i + 1; j < lc.size(); ++j)
         sums.push_back({costs[lc[i]] + costs[lc[j]], i, j});
@@ -199,12 +210,12 @@ void refine(const std::vector<std::int64_t>& costs, int world, std::vector<int>&
     const int heavy = std::prev(by_load.end())->second;
     if (static_cast<double>(load[heavy]) <= good_enough) break;
     bool swapped = false;
-    for (auto it = by_load.begin(); it->second != heavy; ++it) {
+    int tries = 0;
+    for (auto it = by_load.begin(); it->second != heavy && tries < kMaxLightTries; ++it, ++tries) {
       const int light = it->second;
       const std::int64_t gap = load[heavy] - load[light];
       if (gap <= 0) break;
-      std::vector<std::int64_t>& lc = mine[light];
-      std::sort(lc.begin(), lc.end(), by_cost);
+      const std::vector<std::int64_t>& lc = mine[light];
       std::int64_t best_d = 0, best_a = -1, best_b = -1;
       for (std::size_t ai = 0; ai < mine[heavy].size(); ++ai) {
         const std::int64_t a = mine[heavy][ai];

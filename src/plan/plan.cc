@@ -56,67 +56,98 @@ double ms_since(std::chrono::steady_clock::time_point t0) {
 
 namespace plan_detail {
 
-Planner::Planner(const Mask& mask, const PlanOptions& options)
-    : options_(options), bands_(mask_bands(mask)) {
-  check_options(mask, options);
-  const int world = options.world_size;
+Planner::Layout Planner::lay_out(const Mask& mask, std::vector<Range> chunks) const {
+  const int world = options_.world_size;
   const std::int64_t tq = mask.seqlen_q(), tk = mask.seqlen_k();
-  q_index_ = index_bands(bands_, cut_chunks(tq, options));
-  Dispatch& d = dispatch_;
+  Layout l;
+  l.q_index = index_bands(bands_, std::move(chunks));
+  Dispatch& d = l.dispatch;
   d.world_size = world;
-  d.chunks = q_index_.chunks;
+  d.chunks = l.q_index.chunks;
   d.chunks_per_rank = static_cast<std::int64_t>(d.chunks.size()) / world;
   for (const Range& c : d.chunks) d.chunk_size = std::max(d.chunk_size, c.size());
-  d.chunk_area = chunk_costs(bands_, q_index_);
+  d.chunk_area = chunk_costs(bands_, l.q_index);
   d.chunk_owner = assign_chunks(d.chunk_area, world);
   // K/V live with the q chunk of the same tokens (self-attention) or, for cross-attention, in W
   // equal contiguous parts.
   if (tq == tk) {
-    kv_.chunks = d.chunks;
-    kv_.owner = d.chunk_owner;
+    l.kv.chunks = d.chunks;
+    l.kv.owner = d.chunk_owner;
   } else {
-    kv_.chunks = equal_chunks(tk, world);
-    for (int r = 0; r < world; ++r) kv_.owner.push_back(r);
+    l.kv.chunks = equal_chunks(tk, world);
+    for (int r = 0; r < world; ++r) l.kv.owner.push_back(r);
   }
-  d.kv_chunks = kv_.chunks;
-  d.kv_owner = kv_.owner;
+  d.kv_chunks = l.kv.chunks;
+  d.kv_owner = l.kv.owner;
   d.rank_area.assign(world, 0);
-  q_chunks_of_.resize(world);
-  kv_chunks_of_.resize(world);
+  l.q_chunks_of.resize(world);
+  l.kv_chunks_of.resize(world);
   for (std::size_t c = 0; c < d.chunks.size(); ++c) {
-    q_chunks_of_[d.chunk_owner[c]].push_back(static_cast<std::int64_t>(c));
+    l.q_chunks_of[d.chunk_owner[c]].push_back(static_cast<std::int64_t>(c));
     d.rank_area[d.chunk_owner[c]] += d.chunk_area[c];
   }
-  for (std::size_t c = 0; c < kv_.chunks.size(); ++c)
-    kv_chunks_of_[kv_.owner[c]].push_back(static_cast<std::int64_t>(c));
+  for (std::size_t c = 0; c < l.kv.chunks.size(); ++c)
+    l.kv_chunks_of[l.kv.owner[c]].push_back(static_cast<std::int64_t>(c));
   std::int64_t total = 0, worst = 0;
   for (std::int64_t a : d.rank_area) total += a, worst = std::max(worst, a);
   d.imbalance = total > 0 ? static_cast<double>(worst) / (static_cast<double>(total) / world) : 1.0;
   // Every rank's attended columns: what it receives is cut from its own, what it sends from the
-  // others'.
-  spans_.resize(world);
-  for (int r = 0; r < world; ++r) spans_[r] = attended_spans(bands_, q_index_, q_chunks_of_[r]);
+  // others'. What it receives is what it attends outside its own K/V.
+  l.spans.resize(world);
+  for (int r = 0; r < world; ++r) {
+    l.spans[r] = attended_spans(bands_, l.q_index, l.q_chunks_of[r]);
+    for (const Range& span : l.spans[r]) l.recv_tokens += span.size();
+    for (const Piece& own : pieces_in(l.spans[r], l.kv, l.kv_chunks_of[r]))
+      l.recv_tokens -= own.tokens.size();
+  }
+  return l;
+}
+
+Planner::Planner(const Mask& mask, const PlanOptions& options)
+    : options_(options), bands_(mask_bands(mask)) {
+  check_options(mask, options);
+  const int world = options.world_size;
+  const std::int64_t tq = mask.seqlen_q();
+  if (options.chunk_size > 0 || options.chunks_per_rank > 0) {
+    l_ = lay_out(mask, cut_chunks(tq, options));
+    return;
+  }
+  // The count that moves the fewest bytes among the balanced ones (kChunksPerRankChoices).
+  bool have = false, have_balanced = false;
+  for (std::int64_t per_rank : chunks_per_rank_choices(tq, world)) {
+    Layout l = lay_out(mask, equal_chunks(tq, per_rank * world));
+    const bool balanced = l.dispatch.imbalance <= kChosenImbalance;
+    const bool better =
+        !have || (balanced && !have_balanced) ||
+        (balanced == have_balanced && (balanced ? l.recv_tokens < l_.recv_tokens
+                                                : l.dispatch.imbalance < l_.dispatch.imbalance));
+    if (better) {
+      l_ = std::move(l);
+      have = true;
+      have_balanced = balanced;
+    }
+  }
 }
 
 RankPlan Planner::plan_rank(int rank, bool kernel_plans) const {
   const PlanOptions& o = options_;
-  const Dispatch& d = dispatch_;
+  const Dispatch& d = l_.dispatch;
   if (rank < 0 || rank >= o.world_size)
     fail("rank " + std::to_string(rank) + " is outside [0, " + std::to_string(o.world_size) + ")");
   RankPlan rp;
   rp.rank = rank;
-  rp.chunks = q_chunks_of_[rank];
+  rp.chunks = l_.q_chunks_of[rank];
   for (std::int64_t c : rp.chunks) {
     rp.q_tokens.push_back(d.chunks[c]);
     rp.num_q_tokens += d.chunks[c].size();
   }
-  for (std::int64_t c : kv_chunks_of_[rank]) {
-    rp.k_tokens.push_back(kv_.chunks[c]);
-    rp.num_k_tokens += kv_.chunks[c].size();
+  for (std::int64_t c : l_.kv_chunks_of[rank]) {
+    rp.k_tokens.push_back(l_.kv.chunks[c]);
+    rp.num_k_tokens += l_.kv.chunks[c].size();
   }
   // Receives: this rank's columns outside its own K/V, priced and cut into stages.
-  std::vector<Piece> pieces = remote_pieces(spans_[rank], kv_, rank);
-  const std::int64_t local_area = piece_areas(bands_, q_index_, rp.chunks, pieces);
+  std::vector<Piece> pieces = remote_pieces(l_.spans[rank], l_.kv, rank);
+  const std::int64_t local_area = piece_areas(bands_, l_.q_index, rp.chunks, pieces);
   const Staging staging = price_pieces(local_area, pieces, rank, o);
   rp.num_stages = choose_stages(staging, o);
   const std::vector<int> stage = stage_pieces(staging, std::max(rp.num_stages, 1));
@@ -133,13 +164,13 @@ RankPlan Planner::plan_rank(int rank, bool kernel_plans) const {
   // Sends: each other rank's columns inside this rank's K/V, cut the way that rank cuts them.
   for (int dest = 0; dest < o.world_size; ++dest) {
     if (dest == rank) continue;
-    const std::vector<Piece> to = pieces_in(spans_[dest], kv_, kv_chunks_of_[rank]);
+    const std::vector<Piece> to = pieces_in(l_.spans[dest], l_.kv, l_.kv_chunks_of[rank]);
     for (std::size_t i = 0; i < to.size(); ++i) {
       rp.sends.push_back({dest, to[i].tokens, static_cast<int>(i)});
       rp.send_tokens += to[i].tokens.size();
     }
   }
-  build_local_work(bands_, q_index_, rp);
+  build_local_work(bands_, l_.q_index, rp);
   for (std::int64_t a : rp.stage_area) rp.area += a;
   if (kernel_plans) {
     AttentionShape shape{rp.num_q_tokens, rp.num_columns(), o.heads_q, o.heads_kv,
@@ -155,7 +186,7 @@ RankPlan Planner::plan_rank(int rank, bool kernel_plans) const {
 
 std::int64_t Planner::recv_tokens(int rank) const {
   std::int64_t tokens = 0;
-  for (const Piece& p : remote_pieces(spans_[rank], kv_, rank)) tokens += p.tokens.size();
+  for (const Piece& p : remote_pieces(l_.spans[rank], l_.kv, rank)) tokens += p.tokens.size();
   return tokens;
 }
 
@@ -186,11 +217,16 @@ PlanReport make_plan_report(const Mask& mask, const PlanOptions& options) {
   report.dispatch_ms = ms_since(t0);
   report.options = options;
   report.dispatch = planner.dispatch();
-  const std::int64_t bpt = kv_bytes_per_token(options);
-  for (int r = 0; r < options.world_size; ++r) {
+  // Ranks plan independently (each one single-threaded, as in training), so the report plans
+  // them in parallel and keeps only their figures.
+  const int world = options.world_size;
+  report.ranks.resize(world);
+  std::vector<LinkBytes> links(world);
+#pragma omp parallel for schedule(dynamic, 1)
+  for (int r = 0; r < world; ++r) {
     const auto t_rank = std::chrono::steady_clock::now();
     const RankPlan rp = planner.plan_rank(r);
-    RankSummary s;
+    RankSummary& s = report.ranks[r];
     s.rank_ms = ms_since(t_rank);
     s.q_tokens = rp.num_q_tokens;
     s.area = rp.area;
@@ -200,13 +236,16 @@ PlanReport make_plan_report(const Mask& mask, const PlanOptions& options) {
     s.stage_area = rp.stage_area;
     s.predicted_us = rp.predicted_us;
     s.exposed_comm_us = rp.exposed_comm_us;
-    report.comm_bytes_fwd += rp.recv_tokens * bpt;
-    const LinkBytes links = hierarchical_bytes(rp.sends, r, options);
-    report.comm_bytes_intra += links.intra;
-    report.comm_bytes_inter += links.inter;
-    report.predicted_us = std::max(report.predicted_us, rp.predicted_us);
+    links[r] = hierarchical_bytes(rp.sends, r, options);
+  }
+  const std::int64_t bpt = kv_bytes_per_token(options);
+  for (int r = 0; r < world; ++r) {
+    const RankSummary& s = report.ranks[r];
+    report.comm_bytes_fwd += s.recv_tokens * bpt;
+    report.comm_bytes_intra += links[r].intra;
+    report.comm_bytes_inter += links[r].inter;
+    report.predicted_us = std::max(report.predicted_us, s.predicted_us);
     report.slowest_rank_ms = std::max(report.slowest_rank_ms, s.rank_ms);
-    report.ranks.push_back(std::move(s));
   }
   report.ring = ring_baseline(planner.bands(), mask, options);
   report.ulysses = ulysses_baseline(mask, options);

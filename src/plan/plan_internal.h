@@ -24,11 +24,14 @@ ChunkIndex index_bands(const std::vector<Band>& bands, std::vector<Range> chunks
 // n chunks of [0, length) whose sizes differ by at most one token.
 std::vector<Range> equal_chunks(std::int64_t length, std::int64_t n);
 
-// dispatch.cc: the q chunks the options ask for (checked), and the balanced assignment: owner[c]
+// dispatch.cc: the q chunks the options ask for (checked; chunk_size or chunks_per_rank given),
+// the counts per rank the planner chooses among otherwise (kChunksPerRankChoices that fit), and
+// the balanced assignment: owner[c]
 // for each chunk, each rank getting costs.size() / world chunks, minimising the largest total
 // cost (runs of neighbours placed longest first, then swap refinement between heavy and light
 // ranks).
 std::vector<Range> cut_chunks(std::int64_t seqlen, const PlanOptions& options);
+std::vector<std::int64_t> chunks_per_rank_choices(std::int64_t seqlen, int world);
 std::vector<int> assign_chunks(const std::vector<std::int64_t>& costs, int world);
 // Longest first into the least-loaded rank that still has room for another of its
 // ceil(n / world) chunks; no refinement (MagiAttention's default dispatch).
@@ -107,7 +110,7 @@ class Planner {
  public:
   Planner(const Mask& mask, const PlanOptions& options);
   const PlanOptions& options() const { return options_; }
-  const Dispatch& dispatch() const { return dispatch_; }
+  const Dispatch& dispatch() const { return l_.dispatch; }
   const std::vector<Band>& bands() const { return bands_; }
   // `kernel_plans`: build the stage AttentionPlans too (what a rank runs in training).
   RankPlan plan_rank(int rank, bool kernel_plans = true) const;
@@ -115,14 +118,21 @@ class Planner {
   std::int64_t recv_tokens(int rank) const;
 
  private:
+  // One way of cutting the sequence, assigned and with everyone's attended columns.
+  struct Layout {
+    ChunkIndex q_index;
+    KvLayout kv;
+    Dispatch dispatch;
+    std::vector<std::vector<std::int64_t>> q_chunks_of;   // per rank, ascending
+    std::vector<std::vector<std::int64_t>> kv_chunks_of;  // per rank, ascending
+    std::vector<std::vector<Range>> spans;                // per rank: the K/V columns it attends
+    std::int64_t recv_tokens = 0;                         // summed over ranks
+  };
+  Layout lay_out(const Mask& mask, std::vector<Range> chunks) const;
+
   PlanOptions options_;
   std::vector<Band> bands_;
-  ChunkIndex q_index_;
-  KvLayout kv_;
-  Dispatch dispatch_;
-  std::vector<std::vector<std::int64_t>> q_chunks_of_;   // per rank, ascending
-  std::vector<std::vector<std::int64_t>> kv_chunks_of_;  // per rank, ascending
-  std::vector<std::vector<Range>> spans_;                // per rank: the K/V columns it attends
+  Layout l_;
 };
 
 // baselines.cc: the peers on the same mask and cost model.

@@ -65,6 +65,7 @@ void check_plan(const Mask& mask, const PlanOptions& options) {
       ASSERT_EQ(rank_of[rows[i]], r);
       ASSERT_EQ(local_of[rows[i]], static_cast<std::int64_t>(i));
     }
+    ASSERT_EQ(planner.recv_tokens(r), rp.recv_tokens);
     const Columns cols = local_columns(rp);
     ASSERT_EQ(static_cast<std::int64_t>(cols.token.size()), rp.num_columns());
     // Replay the local work of every stage: each cell once, and only from columns that are in by
@@ -250,24 +251,41 @@ TEST(Plan, ChunkSizeIsExactAndChunksPerRankEqual) {
   EXPECT_EQ(d.chunks_per_rank, 3);
 }
 
-// The chosen count is a power of two per rank (so runs of 4, or all of them, are placed together)
-// and keeps chunks at kMinChunkTokens or more where the sequence allows: never a count like 11 or
-// 13 that switches the runs off.
-TEST(Plan, TheChosenChunkCountKeepsRunsOfNeighbours) {
-  for (std::int64_t tokens : {std::int64_t{4096}, std::int64_t{1} << 20}) {
-    const Mask mask = masks::causal(tokens, tokens);
-    for (int world = 2; world <= 1024; world += world < 64 ? 1 : 37) {
-      PlanOptions o;
-      o.world_size = world;
-      const Dispatch d = make_dispatch(mask, o);
-      const std::int64_t p = d.chunks_per_rank;
-      EXPECT_TRUE(p == 16 || p == 8 || p == 4 || p == 2 || p == 1) << world << ": " << p;
-      if (p < kDefaultChunksPerRank) {
-        EXPECT_LT(tokens / (world * 2 * p), kMinChunkTokens) << world << ": " << p;
-      }
-      if (p > 1) {
-        EXPECT_GE(tokens / (world * p), kMinChunkTokens) << world << ": " << p;
-      }
+// The chosen count is one of kChunksPerRankChoices (multiples of 4: runs of 4 neighbours always
+// apply), never a count like 11 or 13 that switches the runs off; chunks keep kMinChunkTokens where
+// the sequence allows; and of the choices it moves the fewest bytes among the balanced ones.
+TEST(Plan, TheChosenChunkCountKeepsRunsAndMovesTheFewestBytes) {
+  const Mask causal = masks::causal(std::int64_t{1} << 20, std::int64_t{1} << 20);
+  for (int world = 2; world <= 1024; world += world < 64 ? 7 : 97) {
+    PlanOptions o;
+    o.world_size = world;
+    const std::int64_t p = make_dispatch(causal, o).chunks_per_rank;
+    EXPECT_EQ(p % 4, 0) << world << ": " << p;
+    EXPECT_GE(causal.seqlen_q() / (world * p), kMinChunkTokens) << world << ": " << p;
+  }
+  PlanOptions o;
+  o.world_size = 1024;  // 4096 tokens: 4 per rank keep 128-token chunks, 8 would not
+  EXPECT_EQ(make_dispatch(masks::causal(4096, 4096), o).chunks_per_rank, 1);
+  o.world_size = 8;
+  EXPECT_EQ(make_dispatch(masks::causal(4096, 4096), o).chunks_per_rank, 4);
+  const Mask docs = masks::varlen_causal(
+      masks::pack_lengths({700, 3000, 90, 1500, 6000, 40, 11000}, 1 << 17, 1 << 15));
+  for (int world : {3, 11, 13, 40}) {
+    o.world_size = world;
+    const Planner chosen(docs, o);
+    std::int64_t chosen_bytes = 0;
+    for (int r = 0; r < world; ++r) chosen_bytes += chosen.recv_tokens(r);
+    EXPECT_LE(chosen.dispatch().imbalance, kChosenImbalance) << world;
+    for (std::int64_t p : kChunksPerRankChoices) {
+      PlanOptions fixed = o;
+      fixed.chunks_per_rank = p;
+      const Planner other(docs, fixed);
+      if (other.dispatch().imbalance > kChosenImbalance ||
+          docs.seqlen_q() / (world * p) < kMinChunkTokens)
+        continue;
+      std::int64_t bytes = 0;
+      for (int r = 0; r < world; ++r) bytes += other.recv_tokens(r);
+      EXPECT_LE(chosen_bytes, bytes) << world << " ranks, " << p << " chunks per rank";
     }
   }
 }
