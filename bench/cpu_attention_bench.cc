@@ -2,7 +2,7 @@
 // users train with, beside the machine's OpenBLAS sgemm rate and torch's CPU SDPA (when torch is
 // importable), all in one run. One line per case; a Markdown table goes to --out.
 //
-//   cpu_attention_bench --doc-lens ../shared/data/doclens_perl_modules.txt --out bench/results/x.md
+//   cpu_attention_bench [--doc-lens FILE] --out bench/results/x.md
 #include <cblas.h>
 
 #include <CLI/CLI.hpp>
@@ -18,6 +18,7 @@
 #include <string>
 #include <vector>
 
+#include "default_documents.h"
 #include "flexcp/flexcp.h"
 #include "timing.h"
 
@@ -97,8 +98,7 @@ int main(int argc, char** argv) {
   std::int64_t heads = 8, heads_kv = 8, head_dim = 128, window = 1024;
   int repeat = 3;
   bool backward = true;
-  app.add_option("--doc-lens", doc_lens, "Document lengths file")
-      ->required()
+  app.add_option("--doc-lens", doc_lens, "Document lengths file (default: the ones flexcp ships)")
       ->check(CLI::ExistingFile);
   app.add_option("--out", out_path, "Markdown table to write");
   app.add_option("--sizes", sizes, "Sequence lengths")->capture_default_str();
@@ -129,7 +129,8 @@ int main(int argc, char** argv) {
 
   const bool have_torch = shell("python3 -c 'import torch' 2>/dev/null && echo yes") == "yes";
   const std::string script = std::string(FLEXCP_BENCH_DIR) + "/torch_sdpa_cpu.py";
-  const auto docs_all = flexcp::masks::read_lengths_file(doc_lens);
+  const auto docs_all = doc_lens.empty() ? flexcp::tools::default_document_lengths()
+                                         : flexcp::masks::read_lengths_file(doc_lens);
   std::vector<Row> rows;
   std::mt19937_64 rng(3);
   for (std::int64_t t : sizes) {

@@ -7,7 +7,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 out=${1:-bench/results/dist-$(date -u +%F).md}
 cli=build/default/tools/flexcp/flexcp
-args=(--seqlen 32768 --doc-lens ../shared/data/doclens_perl_modules.txt)
+args=(--seqlen 32768)  # the real document lengths that ship with flexcp
 {
   echo "# Distributed smoke benchmark (CPU ranks over MPI)"
   echo

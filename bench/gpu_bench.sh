@@ -11,7 +11,7 @@ lengths=("${@:-4096 16384 32768}")
 read -r -a lengths <<< "${lengths[*]}"
 cli=build/gpu/tools/flexcp/flexcp
 specs=$(mktemp -d)
-docs=(--doc-lens shared-data/doclens_perl_modules.txt)
+docs=()  # the real document lengths that ship with flexcp
 for t in "${lengths[@]}"; do
   $cli mask --mask full --seqlen "$t" --out "$specs/full-$t.json" >/dev/null
   $cli mask --mask causal --seqlen "$t" --out "$specs/causal-$t.json" >/dev/null

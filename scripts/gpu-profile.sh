@@ -12,7 +12,7 @@ if [[ ! -x build/gpu/tools/flexcp/flexcp ]]; then
   cmake --build build/gpu -j "$(nproc)" >> "$out/build.log" 2>&1
 fi
 cli=build/gpu/tools/flexcp/flexcp
-docs=(--doc-lens shared-data/doclens_perl_modules.txt)
+docs=()  # the real document lengths that ship with flexcp
 
 # Metric names differ between ncu versions: take the tensor-pipe ones this one has.
 ncu --query-metrics 2>/dev/null | awk '{print $1}' |

@@ -40,5 +40,34 @@ TEST(CudaDevice, TileSpansAgreeWithHost) {
   }
 }
 
+TEST(CudaDevice, InTileMaskRuleAgreesWithHost) {
+  std::string why;
+  if (cuda::device_count(&why) == 0) GTEST_SKIP() << "no CUDA device here (" << why << ")";
+  std::mt19937_64 rng(62);
+  std::uniform_int_distribution<std::int64_t> pos(0, 5000);
+  std::vector<cuda::ColumnQuery> queries;
+  for (int i = 0; i < 20000; ++i) {
+    std::int64_t a = pos(rng), b = pos(rng), c = pos(rng), d = pos(rng);
+    if (a > b) std::swap(a, b);
+    if (c > d) std::swap(c, d);
+    cuda::ColumnQuery q;
+    q.band = trim_band(slice_band({{a, b}, {c, d}, static_cast<MaskType>(i % 4)}));
+    if (i % 3 == 0) q.band = transpose_band(q.band);
+    q.mask = static_cast<EntryMask>(i % 3);
+    q.row = a + pos(rng) % 300 - 20;
+    q.c0 = pos(rng);
+    q.end = q.c0 + 1 + pos(rng) % 400;
+    q.width = i % 2 ? 128 : 64;
+    queries.push_back(q);
+  }
+  const std::vector<BlockColumns> dev = cuda::attended_columns_on_device(queries);
+  for (std::size_t i = 0; i < queries.size(); ++i) {
+    const cuda::ColumnQuery& q = queries[i];
+    const BlockColumns h = attended_columns(q.band, q.mask, q.row, q.c0, q.end, q.width);
+    ASSERT_EQ(h.lo, dev[i].lo) << i;
+    ASSERT_EQ(h.hi, dev[i].hi) << i;
+  }
+}
+
 }  // namespace
 }  // namespace flexcp

@@ -6,6 +6,7 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <optional>
 #include <random>
 
 #include "kernels/cuda/device.h"
@@ -81,7 +82,11 @@ void check_case(const Case& c, const Mask& mask, std::mt19937_64& rng) {
   Tensor out(c.dtype, {c.tq, c.hq, c.d}), lse(DType::kFloat32, {c.tq, c.hq});
   {
     const DeviceCopy dq(q), dk(k), dv(v), dout(out, true), dlse(lse, true);
-    forward(dq.view, dk.view, dv.view, mask, dout.view, dlse.view, o);
+    // The sink lives on the device of q too (read by the kernel, no copy per call).
+    std::optional<DeviceCopy> dsink;
+    AttentionOptions on_device = o;
+    if (c.sink) on_device.sink = dsink.emplace(sink).view;
+    forward(dq.view, dk.view, dv.view, mask, dout.view, dlse.view, on_device);
     dout.copy_to(out);
     dlse.copy_to(lse);
   }
@@ -176,7 +181,7 @@ TEST(Sm90Forward, Deterministic) {
   EXPECT_EQ(out1.bytes, out2.bytes);
   EXPECT_EQ(lse1.bytes, lse2.bytes);
 
-  // The same mask on two streams at once: each stream has its own scheduler state.
+  // The same mask on two streams at once: each call plans and binds its own workspace.
   cudaStream_t streams[2];
   for (cudaStream_t& st : streams) cuda_ok(cudaStreamCreateWithFlags(&st, cudaStreamNonBlocking));
   const DeviceCopy dout_b(out1, true), dlse_b(lse1, true);
@@ -195,6 +200,143 @@ TEST(Sm90Forward, Deterministic) {
   EXPECT_EQ(out1.bytes, out2.bytes);
   EXPECT_EQ(out1.bytes, out3.bytes);
   EXPECT_EQ(lse1.bytes, lse3.bytes);
+}
+
+// Plan once, bind once, run many times: what a model does with one mask for every layer. Each run
+// only launches, so a plan's forward can be captured in a CUDA graph; its replays give the same
+// bits as the plain launches, and plans bound to their own workspaces run on two streams at once.
+struct PlanCase {
+  std::int64_t tq = 1500, tk = 1500, hq = 16, hk = 2, d = 128;
+  Mask mask = masks::varlen_causal({600, 77, 823});
+  Tensor q, k, v, out, lse;
+  explicit PlanCase(std::mt19937_64& rng)
+      : q(test::random_tensor(rng, DType::kBFloat16, {tq, hq, d}, 2.0)),
+        k(test::random_tensor(rng, DType::kBFloat16, {tk, hk, d}, 2.0)),
+        v(test::random_tensor(rng, DType::kBFloat16, {tk, hk, d})),
+        out(DType::kBFloat16, {tq, hq, d}),
+        lse(DType::kFloat32, {tq, hq}) {}
+  AttentionShape shape() const { return {tq, tk, hq, hk, d, DType::kBFloat16, Device::kCuda, 0}; }
+};
+
+struct Workspace {
+  void* ptr = nullptr;
+  explicit Workspace(AttentionPlan& plan, cudaStream_t stream = nullptr) {
+    cuda_ok(cudaMalloc(&ptr, plan.workspace_bytes()));
+    plan.bind_workspace(ptr, plan.workspace_bytes(), stream);
+  }
+  ~Workspace() { cudaFree(ptr); }
+};
+
+TEST(Sm90Forward, APlanBoundOnceRunsRepeatedlyAndInACudaGraph) {
+  SKIP_WITHOUT_GPU();
+  std::mt19937_64 rng(78);
+  PlanCase c(rng);
+  const DeviceCopy dq(c.q), dk(c.k), dv(c.v), dout(c.out, true), dlse(c.lse, true);
+  // The per-call path first: what every plan run must reproduce bit for bit.
+  Tensor want_out = c.out, want_lse = c.lse;
+  forward(dq.view, dk.view, dv.view, c.mask, dout.view, dlse.view);
+  dout.copy_to(want_out);
+  dlse.copy_to(want_lse);
+
+  AttentionPlan plan(c.mask, c.shape());
+  EXPECT_GT(plan.workspace_bytes(), 0u);
+  cudaStream_t stream;
+  cuda_ok(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+  const Workspace ws(plan, stream);
+  EXPECT_TRUE(plan.has_workspace());
+  AttentionOptions o;
+  o.cuda_stream = stream;
+  for (int i = 0; i < 3; ++i) forward(plan, dq.view, dk.view, dv.view, dout.view, dlse.view, o);
+  Tensor got_out = c.out, got_lse = c.lse;
+  cuda_ok(cudaStreamSynchronize(stream));
+  dout.copy_to(got_out);
+  dlse.copy_to(got_lse);
+  EXPECT_EQ(got_out.bytes, want_out.bytes);
+  EXPECT_EQ(got_lse.bytes, want_lse.bytes);
+
+  // Captured: the graph holds the launch; poisoned outputs must come back written.
+  const DeviceCopy gout(c.out, true), glse(c.lse, true);
+  cudaGraph_t graph;
+  cuda_ok(cudaStreamBeginCapture(stream, cudaStreamCaptureModeGlobal));
+  forward(plan, dq.view, dk.view, dv.view, gout.view, glse.view, o);
+  cuda_ok(cudaStreamEndCapture(stream, &graph));
+  cudaGraphExec_t exec;
+  cuda_ok(cudaGraphInstantiate(&exec, graph, 0));
+  for (int replay = 0; replay < 3; ++replay) {
+    cuda_ok(cudaGraphLaunch(exec, stream));
+    cuda_ok(cudaStreamSynchronize(stream));
+    Tensor replay_out = c.out, replay_lse = c.lse;
+    gout.copy_to(replay_out);
+    glse.copy_to(replay_lse);
+    EXPECT_EQ(replay_out.bytes, want_out.bytes) << "replay " << replay;
+    EXPECT_EQ(replay_lse.bytes, want_lse.bytes) << "replay " << replay;
+    cuda_ok(cudaMemset(gout.ptr, 0xff, c.out.bytes.size()));  // poison again
+  }
+  cuda_ok(cudaGraphExecDestroy(exec));
+  cuda_ok(cudaGraphDestroy(graph));
+
+  // Two plans of one mask, each with its own workspace, on two streams at once.
+  AttentionPlan plan_b(c.mask, c.shape());
+  cudaStream_t stream_b;
+  cuda_ok(cudaStreamCreateWithFlags(&stream_b, cudaStreamNonBlocking));
+  const Workspace ws_b(plan_b, stream_b);
+  const DeviceCopy bout(c.out, true), blse(c.lse, true);
+  AttentionOptions ob;
+  ob.cuda_stream = stream_b;
+  for (int i = 0; i < 3; ++i) {
+    forward(plan, dq.view, dk.view, dv.view, dout.view, dlse.view, o);
+    forward(plan_b, dq.view, dk.view, dv.view, bout.view, blse.view, ob);
+  }
+  cuda_ok(cudaStreamSynchronize(stream));
+  cuda_ok(cudaStreamSynchronize(stream_b));
+  Tensor b_out = c.out;
+  bout.copy_to(b_out);
+  dout.copy_to(got_out);
+  EXPECT_EQ(b_out.bytes, want_out.bytes);
+  EXPECT_EQ(got_out.bytes, want_out.bytes);
+  cuda_ok(cudaStreamDestroy(stream));
+  cuda_ok(cudaStreamDestroy(stream_b));
+}
+
+TEST(Sm90Forward, DevicePlansNeedAWorkspaceOfTheirDevice) {
+  SKIP_WITHOUT_GPU();
+  std::mt19937_64 rng(79);
+  PlanCase c(rng);
+  const DeviceCopy dq(c.q), dk(c.k), dv(c.v), dout(c.out, true), dlse(c.lse, true);
+  AttentionPlan plan(c.mask, c.shape());
+  auto error_of = [](auto&& fn) {
+    try {
+      fn();
+    } catch (const Error& e) {
+      return std::string(status_string(e.status())) + ": " + e.what();
+    }
+    return std::string("no error");
+  };
+  EXPECT_NE(error_of([&] {
+              forward(plan, dq.view, dk.view, dv.view, dout.view, dlse.view);
+            }).find("invalid usage: flexcp::forward: the plan has no device workspace"),
+            std::string::npos);
+  std::vector<unsigned char> host(plan.workspace_bytes() + 256);
+  void* aligned =
+      reinterpret_cast<void*>((reinterpret_cast<std::uintptr_t>(host.data()) + 255) / 256 * 256);
+  EXPECT_EQ(error_of([&] { plan.bind_workspace(aligned, plan.workspace_bytes()); }),
+            "invalid argument: flexcp::AttentionPlan::bind_workspace: workspace is not device "
+            "memory of cuda:0");
+  void* dev = nullptr;
+  cuda_ok(cudaMalloc(&dev, plan.workspace_bytes()));
+  EXPECT_NE(error_of([&] { plan.bind_workspace(dev, plan.workspace_bytes() - 1); })
+                .find("workspace has " + std::to_string(plan.workspace_bytes() - 1) +
+                      " bytes, expected at least " + std::to_string(plan.workspace_bytes()) +
+                      " (tile offsets"),
+            std::string::npos);
+  // A host sink with device tensors is named, never read as device memory.
+  Tensor sink = test::random_tensor(rng, DType::kFloat32, {c.hq});
+  AttentionOptions o;
+  o.sink = sink.view;
+  plan.bind_workspace(dev, plan.workspace_bytes());
+  EXPECT_EQ(error_of([&] { forward(plan, dq.view, dk.view, dv.view, dout.view, dlse.view, o); }),
+            "invalid argument: flexcp::forward: sink is on cpu, expected cuda:0");
+  cuda_ok(cudaFree(dev));
 }
 
 // What the GPU path refuses, with the argument named: pruned or absent instantiations, fp32, and

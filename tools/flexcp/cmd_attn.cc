@@ -41,10 +41,14 @@ void save(const std::string& path, const HostTensor& t) {
 // The forward on the GPU: inputs and the poisoned outputs copied over, outputs copied back.
 void forward_on_device(const HostTensor& q, const HostTensor& k, const HostTensor& v,
                        const Mask& mask, HostTensor& out, HostTensor& lse,
-                       const AttentionOptions& options) {
+                       const AttentionOptions& options, const HostTensor* sink) {
 #if defined(FLEXCP_TOOLS_CUDA)
   const DeviceTensor dq(q), dk(k), dv(v), dout(out), dlse(lse);
-  forward(dq.view(), dk.view(), dv.view(), mask, dout.view(), dlse.view(), options);
+  // The sink goes to the device with the other inputs.
+  std::optional<DeviceTensor> dsink;
+  AttentionOptions on_device = options;
+  if (sink) on_device.sink = dsink.emplace(*sink).view();
+  forward(dq.view(), dk.view(), dv.view(), mask, dout.view(), dlse.view(), on_device);
   dout.copy_to(out);
   dlse.copy_to(lse);
 #else
@@ -72,7 +76,7 @@ void run_attn(const AttnArgs& a) {
     options.sink = sink->view();
   }
   if (a.device == "cuda")
-    forward_on_device(q, k, v, mask, out, lse, options);
+    forward_on_device(q, k, v, mask, out, lse, options, sink ? &*sink : nullptr);
   else
     forward(q.view(), k.view(), v.view(), mask, out.view(), lse.view(), options);
   save(a.out, out);

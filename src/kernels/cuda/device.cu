@@ -17,6 +17,14 @@ __global__ void tile_spans_kernel(const Band* bands, const std::int64_t* rows, T
   if (i < n) out[i] = band_tile_span(bands[i], rows[2 * i], rows[2 * i + 1]);
 }
 
+__global__ void attended_columns_kernel(const ColumnQuery* queries, BlockColumns* out, int n) {
+  const int i = blockIdx.x * blockDim.x + threadIdx.x;
+  if (i < n) {
+    const ColumnQuery& q = queries[i];
+    out[i] = attended_columns(q.band, q.mask, q.row, q.c0, q.end, q.width);
+  }
+}
+
 template <class T>
 struct DeviceBuffer {
   T* ptr = nullptr;
@@ -58,6 +66,22 @@ std::vector<TileSpan> tile_spans_on_device(const std::vector<Band>& bands,
   check(cudaGetLastError(), "tile_spans_kernel launch");
   check(cudaMemcpy(out.data(), d_out.ptr, n * sizeof(TileSpan), cudaMemcpyDeviceToHost),
         "copy spans");
+  return out;
+}
+
+std::vector<BlockColumns> attended_columns_on_device(const std::vector<ColumnQuery>& queries) {
+  const int n = static_cast<int>(queries.size());
+  std::vector<BlockColumns> out(n);
+  if (n == 0) return out;
+  DeviceBuffer<ColumnQuery> d_queries(n);
+  DeviceBuffer<BlockColumns> d_out(n);
+  check(cudaMemcpy(d_queries.ptr, queries.data(), n * sizeof(ColumnQuery), cudaMemcpyHostToDevice),
+        "copy queries");
+  constexpr int kThreads = 256;
+  attended_columns_kernel<<<(n + kThreads - 1) / kThreads, kThreads>>>(d_queries.ptr, d_out.ptr, n);
+  check(cudaGetLastError(), "attended_columns_kernel launch");
+  check(cudaMemcpy(out.data(), d_out.ptr, n * sizeof(BlockColumns), cudaMemcpyDeviceToHost),
+        "copy columns");
   return out;
 }
 

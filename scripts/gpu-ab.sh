@@ -1,0 +1,51 @@
+#!/usr/bin/env bash
+# A/B of the GPU forward on a GPU host: this tree's flexcp against another checkout's (a copy of an
+# earlier commit, e.g. `git worktree add /tmp/base COMMIT`, copied into an ignored folder and
+# carried), on the same protocol masks, alternating A and B for ROUNDS rounds so that clock drift
+# and heat hit both alike. Needs build/gpu (scripts/gpu-check.sh builds it). Prints one line per
+# mask: TFLOPS of A and B (median over rounds) and A/B.
+#   scripts/gpu-ab.sh BASE_TREE OUT [lengths...]   (HEADS, HEADS_KV, ROUNDS from the environment)
+set -euo pipefail
+cd "$(dirname "$0")/.."
+base=${1:?base tree}
+out=${2:?output folder}
+shift 2
+lengths=("${@:-32768}")
+read -r -a lengths <<< "${lengths[*]}"
+mkdir -p "$out"
+heads=${HEADS:-64} heads_kv=${HEADS_KV:-8} rounds=${ROUNDS:-3}
+cmake -S "$base" -B "$base/build-ab" -G Ninja -DCMAKE_BUILD_TYPE=Release -DFLEXCP_BUILD_TESTS=OFF \
+  -DFLEXCP_BUILD_BENCH=OFF -DFLEXCP_SM90_DTYPES=bf16 -DFLEXCP_SM90_HEAD_DIMS=128 \
+  -DFLEXCP_CUTLASS_INCLUDE="$PWD/.deps/cutlass/include" > "$out/ab-build.log" 2>&1 &&
+  cmake --build "$base/build-ab" -j "$(nproc)" --target flexcp_cli >> "$out/ab-build.log" 2>&1 ||
+  { tail -30 "$out/ab-build.log"; exit 1; }
+a=build/gpu/tools/flexcp/flexcp
+b=$base/build-ab/tools/flexcp/flexcp
+specs=$(mktemp -d)
+names=()
+for t in "${lengths[@]}"; do
+  $a mask --mask full --seqlen "$t" --out "$specs/full-$t.json" >/dev/null
+  $a mask --mask causal --seqlen "$t" --out "$specs/causal-$t.json" >/dev/null
+  $a mask --mask varlen-causal --seqlen "$t" --out "$specs/varlen-causal-$t.json" >/dev/null
+  $a mask --mask sliding-window --window 1024 --seqlen "$t" --out "$specs/swa1024-$t.json" >/dev/null
+  names+=("full-$t" "causal-$t" "varlen-causal-$t" "swa1024-$t")
+done
+tflops() {  # cli spec -> TFLOPS of one bench call
+  "$1" bench --device cuda --mask-file "$2" --heads "$heads" --heads-kv "$heads_kv" \
+    --head-dim 128 --dtype bf16 --warmup 2 --repeat 5 | sed -n 's/.*TFLOPS=\([0-9.]*\).*/\1/p'
+}
+median() { tr ' ' '\n' | sort -g | awk '{v[NR]=$1} END {print v[int((NR+1)/2)]}'; }
+{
+  echo "A: $(git rev-parse --short HEAD 2>/dev/null) (this tree), B: $base; GQA $heads:$heads_kv, hd128, bf16"
+  printf '%-22s %10s %10s %8s   %s\n' mask "A TFLOPS" "B TFLOPS" "A/B" "rounds (A B)"
+  for n in "${names[@]}"; do
+    as=() bs=()
+    for ((r = 0; r < rounds; ++r)); do
+      as+=("$(tflops "$a" "$specs/$n.json")")
+      bs+=("$(tflops "$b" "$specs/$n.json")")
+    done
+    ma=$(echo "${as[*]}" | median) mb=$(echo "${bs[*]}" | median)
+    printf '%-22s %10.1f %10.1f %8.3f   %s | %s\n' "$n" "$ma" "$mb" "$(awk -v a="$ma" -v b="$mb" 'BEGIN {print a / b}')" \
+      "${as[*]}" "${bs[*]}"
+  done
+} | tee "$out/ab.txt"
