@@ -4,7 +4,9 @@
 # carried), on the same protocol masks, alternating A and B for ROUNDS rounds so that clock drift
 # and heat hit both alike. Needs build/gpu (scripts/gpu-check.sh builds it). Prints one line per
 # mask: TFLOPS of A and B (median over rounds) and A/B.
-#   scripts/gpu-ab.sh BASE_TREE OUT [lengths...]   (HEADS, HEADS_KV, ROUNDS from the environment)
+#   scripts/gpu-ab.sh BASE_TREE OUT [lengths...]
+# From the environment: HEADS, HEADS_KV, ROUNDS, MASKS (a subset of "full causal varlen-causal
+# swa1024"), A_LABEL (the device copy's .git may be older than its tree: say which commit A is).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 base=${1:?base tree}
@@ -14,6 +16,8 @@ lengths=("${@:-32768}")
 read -r -a lengths <<< "${lengths[*]}"
 mkdir -p "$out"
 heads=${HEADS:-64} heads_kv=${HEADS_KV:-8} rounds=${ROUNDS:-3}
+masks=${MASKS:-full causal varlen-causal swa1024}
+label=${A_LABEL:-$(git rev-parse --short HEAD 2>/dev/null)}
 cmake -S "$base" -B "$base/build-ab" -G Ninja -DCMAKE_BUILD_TYPE=Release -DFLEXCP_BUILD_TESTS=OFF \
   -DFLEXCP_BUILD_BENCH=OFF -DFLEXCP_SM90_DTYPES=bf16 -DFLEXCP_SM90_HEAD_DIMS=128 \
   -DFLEXCP_CUTLASS_INCLUDE="$PWD/.deps/cutlass/include" > "$out/ab-build.log" 2>&1 &&
@@ -28,7 +32,7 @@ for t in "${lengths[@]}"; do
   $a mask --mask causal --seqlen "$t" --out "$specs/causal-$t.json" >/dev/null
   $a mask --mask varlen-causal --seqlen "$t" --out "$specs/varlen-causal-$t.json" >/dev/null
   $a mask --mask sliding-window --window 1024 --seqlen "$t" --out "$specs/swa1024-$t.json" >/dev/null
-  names+=("full-$t" "causal-$t" "varlen-causal-$t" "swa1024-$t")
+  for m in $masks; do names+=("$m-$t"); done
 done
 tflops() {  # cli spec -> TFLOPS of one bench call
   "$1" bench --device cuda --mask-file "$2" --heads "$heads" --heads-kv "$heads_kv" \
@@ -36,7 +40,7 @@ tflops() {  # cli spec -> TFLOPS of one bench call
 }
 median() { tr ' ' '\n' | sort -g | awk '{v[NR]=$1} END {print v[int((NR+1)/2)]}'; }
 {
-  echo "A: $(git rev-parse --short HEAD 2>/dev/null) (this tree), B: $base; GQA $heads:$heads_kv, hd128, bf16"
+  echo "A: $label (this tree), B: $base; GQA $heads:$heads_kv, hd128, bf16, $rounds rounds"
   printf '%-22s %10s %10s %8s   %s\n' mask "A TFLOPS" "B TFLOPS" "A/B" "rounds (A B)"
   for n in "${names[@]}"; do
     as=() bs=()

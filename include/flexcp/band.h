@@ -86,9 +86,14 @@ FLEXCP_HOST_DEVICE inline TileSpan band_tile_span(const Band& band, std::int64_t
 // The band of one slice over global (q, k) coordinates.
 FLEXCP_API Band slice_band(const Slice& slice);
 
-// The mask's slices as trimmed bands, empty ones left out, in slice order: how every consumer of
-// a mask (plans, work lists, kernels) sees it.
-FLEXCP_API std::vector<Band> mask_bands(const Mask& mask);
+// Slices as trimmed bands, empty ones left out, in slice order: how every consumer of a mask
+// (validation, plans, work lists, kernels) sees it. `source`, when given, receives the index of
+// each band's slice.
+FLEXCP_API std::vector<Band> slice_bands(const std::vector<Slice>& slices,
+                                         std::vector<std::size_t>* source = nullptr);
+inline std::vector<Band> mask_bands(const Mask& mask) {
+  return slice_bands(mask.slices());
+}
 
 // The band with its rows cut to the non-empty ones (row_begin == row_end when it has none).
 FLEXCP_API Band trim_band(const Band& band);

@@ -90,12 +90,14 @@ Band slice_band(const Slice& s) {
   return normalized(b);
 }
 
-std::vector<Band> mask_bands(const Mask& mask) {
+std::vector<Band> slice_bands(const std::vector<Slice>& slices, std::vector<std::size_t>* source) {
   std::vector<Band> bands;
-  bands.reserve(mask.slices().size());
-  for (const Slice& s : mask.slices()) {
-    const Band b = trim_band(slice_band(s));
-    if (b.row_begin < b.row_end) bands.push_back(b);
+  bands.reserve(slices.size());
+  for (std::size_t i = 0; i < slices.size(); ++i) {
+    const Band b = trim_band(slice_band(slices[i]));
+    if (b.row_begin >= b.row_end) continue;
+    bands.push_back(b);
+    if (source) source->push_back(i);
   }
   return bands;
 }

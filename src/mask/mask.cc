@@ -40,12 +40,8 @@ void check_range(std::size_t index, const char* name, Range r, std::int64_t seql
 }
 
 void check_no_overlap(const std::vector<Slice>& slices) {
-  std::vector<Band> bands;
   std::vector<std::size_t> owner;
-  for (std::size_t i = 0; i < slices.size(); ++i) {
-    Band b = trim_band(slice_band(slices[i]));
-    if (b.row_begin < b.row_end) bands.push_back(b), owner.push_back(i);
-  }
+  const std::vector<Band> bands = slice_bands(slices, &owner);
   if (const BandOverlap o = find_overlap(bands); o.found)
     fail_overlap(owner[o.first], owner[o.second], o.cells);
 }

@@ -1,6 +1,7 @@
 // flexcp attn: attention on tensors saved as float32 .npy files (DESIGN §4).
 #include <iostream>
 #include <optional>
+#include <tuple>
 
 #include "cli_options.h"
 #include "commands.h"
@@ -52,6 +53,7 @@ void forward_on_device(const HostTensor& q, const HostTensor& k, const HostTenso
   dout.copy_to(out);
   dlse.copy_to(lse);
 #else
+  static_cast<void>(std::tie(q, k, v, mask, out, lse, options, sink));
   throw Error(
       Status::kNotCompiled,
       "flexcp attn: --device cuda: this build has no CUDA kernels (configured without CUDA)");

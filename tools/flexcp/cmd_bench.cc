@@ -3,6 +3,7 @@
 #include <cstdio>
 #include <iostream>
 #include <nlohmann/json.hpp>
+#include <tuple>
 
 #include "cli_options.h"
 #include "commands.h"
@@ -40,6 +41,7 @@ double time_forward_on_device(const HostTensor& q, const HostTensor& k, const Ho
       [&] { forward(plan, dq.view(), dk.view(), dv.view(), dout.view(), dlse.view()); },
       std::max(warmup, 1), repeat);
 #else
+  static_cast<void>(std::tie(q, k, v, mask, out, lse, warmup, repeat));
   throw Error(
       Status::kNotCompiled,
       "flexcp bench: --device cuda: this build has no CUDA kernels (configured without CUDA)");
