@@ -1,0 +1,117 @@
+"""flexcp.attention: the kernels as torch.library custom ops, with their fake (meta) versions and
+autograd, so that torch.compile(fullgraph=True) traces a model that calls them without a break.
+The ops take the mask as an int64 [n, 5] slice tensor plus its lengths (a custom op's arguments
+are tensors and numbers) and rebuild the validated C++ mask on each call."""
+from typing import Optional, Tuple
+
+import torch
+
+from . import _flexcp
+from ._mask import Mask
+
+_LOW_PRECISION = (torch.bfloat16, torch.float16)
+
+
+def _stream(t: torch.Tensor) -> int:
+    return torch.cuda.current_stream(t.device).cuda_stream if t.is_cuda else 0
+
+
+def _mask(slices: torch.Tensor, seqlen_q: int, seqlen_k: int):
+    return _flexcp.Mask.from_array(slices, seqlen_q, seqlen_k)
+
+
+@torch.library.custom_op("flexcp::attention_forward", mutates_args=())
+def _forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, slices: torch.Tensor,
+             seqlen_q: int, seqlen_k: int, scale: float, softcap: float,
+             sink: Optional[torch.Tensor]) -> Tuple[torch.Tensor, torch.Tensor]:
+    out = torch.empty_like(q, memory_format=torch.contiguous_format)
+    lse = torch.empty(q.shape[:2], dtype=torch.float32, device=q.device)
+    _flexcp.forward(q.detach(), k.detach(), v.detach(), _mask(slices, seqlen_q, seqlen_k), out,
+                    lse, scale, softcap, None if sink is None else sink.detach(), _stream(q))
+    return out, lse
+
+
+@_forward.register_fake
+def _(q, k, v, slices, seqlen_q, seqlen_k, scale, softcap, sink):
+    return (torch.empty_like(q, memory_format=torch.contiguous_format),
+            q.new_empty(q.shape[:2], dtype=torch.float32))
+
+
+@torch.library.custom_op("flexcp::attention_backward", mutates_args=())
+def _backward(dout: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+              out: torch.Tensor, lse: torch.Tensor, slices: torch.Tensor, seqlen_q: int,
+              seqlen_k: int, scale: float, softcap: float, sink: Optional[torch.Tensor]
+              ) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    dq = torch.empty_like(q, memory_format=torch.contiguous_format)
+    dk = torch.empty_like(k, memory_format=torch.contiguous_format)
+    dv = torch.empty_like(v, memory_format=torch.contiguous_format)
+    # Without a sink its gradient is an empty tensor (an op returns tensors only).
+    dsink = torch.empty_like(sink) if sink is not None else q.new_empty(0, dtype=torch.float32)
+    _flexcp.backward(dout.detach(), q.detach(), k.detach(), v.detach(), out, lse,
+                     _mask(slices, seqlen_q, seqlen_k), dq, dk, dv, scale, softcap,
+                     None if sink is None else sink.detach(), None if sink is None else dsink,
+                     _stream(q))
+    return dq, dk, dv, dsink
+
+
+@_backward.register_fake
+def _(dout, q, k, v, out, lse, slices, seqlen_q, seqlen_k, scale, softcap, sink):
+    dsink = torch.empty_like(sink) if sink is not None else q.new_empty(0, dtype=torch.float32)
+    return (torch.empty_like(q, memory_format=torch.contiguous_format),
+            torch.empty_like(k, memory_format=torch.contiguous_format),
+            torch.empty_like(v, memory_format=torch.contiguous_format), dsink)
+
+
+def _setup_context(ctx, inputs, output):
+    q, k, v, slices, seqlen_q, seqlen_k, scale, softcap, sink = inputs
+    out, lse = output
+    ctx.save_for_backward(q, k, v, out, lse, slices, sink)
+    ctx.lengths = (seqlen_q, seqlen_k)
+    ctx.numbers = (scale, softcap)
+    # NOTE: lse carries no gradient (the kernels' backward has no dlse input); marking it so
+    # makes a use of its gradient an error in autograd instead of a silent zero.
+    ctx.mark_non_differentiable(lse)
+
+
+def _grad(ctx, dout, dlse):
+    q, k, v, out, lse, slices, sink = ctx.saved_tensors
+    dq, dk, dv, dsink = _backward(dout, q, k, v, out, lse, slices, *ctx.lengths, *ctx.numbers,
+                                  sink)
+    return dq, dk, dv, None, None, None, None, None, (dsink if sink is not None else None)
+
+
+torch.library.register_autograd("flexcp::attention_forward", _grad, setup_context=_setup_context)
+
+
+def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: Mask,
+              scale: Optional[float] = None, softcap: float = 0.0,
+              sink: Optional[torch.Tensor] = None, deterministic: bool = False):
+    """Exact attention over `mask` (docs/masks.md).
+
+    q [Tq, Hq, D], k and v [Tk, Hk, D] (Hq a multiple of Hk), one dtype of float32, bfloat16 or
+    float16, on the CPU or one CUDA device (the forward; the CUDA backward is not written yet).
+    Returns out [Tq, Hq, D] (q's dtype) and lse [Tq, Hq] (float32, natural log; -inf and out = 0
+    for a row that attends nothing). Differentiable in q, k, v and sink (float32 [Hq]); lse is
+    not. `scale` defaults to 1/sqrt(D); `softcap` > 0 caps logits at softcap * tanh(s / softcap).
+    Under torch.autocast, float32 inputs run in the autocast dtype. Tensors keep their strides:
+    nothing is copied to make them contiguous (the CUDA kernel needs a unit stride along D and
+    16-byte aligned rows, and says so when they are not).
+    `deterministic`: the CPU backward is deterministic whatever it says.
+    """
+    if not isinstance(mask, Mask):
+        raise ValueError(f"flexcp.attention: mask must be a flexcp.Mask, got {type(mask).__name__}")
+    for name, t in (("q", q), ("k", k), ("v", v)):
+        if not isinstance(t, torch.Tensor):
+            raise ValueError(f"flexcp.attention: {name} must be a torch.Tensor, "
+                             f"got {type(t).__name__}")
+    if sink is not None and not isinstance(sink, torch.Tensor):
+        raise ValueError(f"flexcp.attention: sink must be a torch.Tensor or None, "
+                         f"got {type(sink).__name__}")
+    device_type = q.device.type
+    if q.dtype == torch.float32 and torch.is_autocast_enabled(device_type):
+        low = torch.get_autocast_dtype(device_type)
+        if low in _LOW_PRECISION:
+            q, k, v = q.to(low), k.to(low), v.to(low)
+    del deterministic  # the only backward today (CPU) is deterministic
+    return _forward(q, k, v, mask._slices, mask.seqlen_q, mask.seqlen_k,
+                    0.0 if scale is None else float(scale), float(softcap), sink)

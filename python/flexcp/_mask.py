@@ -1,0 +1,92 @@
+"""flexcp.Mask: a validated list of slices (docs/masks.md) over a packed sequence."""
+import json
+import os
+
+import torch
+
+from . import _flexcp
+
+_TYPES = ("full", "causal", "inv_causal", "bi_causal")
+
+
+class Mask:
+    """A union of slices `(q_begin, q_end, k_begin, k_end, type)`, `type` one of "full",
+    "causal", "inv_causal", "bi_causal" (docs/masks.md). Validated on construction: a slice out of
+    bounds, or two slices covering the same (q, k) pair, raise ValueError naming them."""
+
+    def __init__(self, slices, seqlen_q, seqlen_k=None):
+        seqlen_k = seqlen_q if seqlen_k is None else seqlen_k
+        rows = []
+        for i, s in enumerate(slices):
+            if len(s) != 5:
+                raise ValueError(f"flexcp.Mask: slice {i} is {s!r}, expected "
+                                 "(q_begin, q_end, k_begin, k_end, type)")
+            q0, q1, k0, k1, kind = s
+            if kind not in _TYPES:
+                raise ValueError(f"flexcp.Mask: slice {i} has type {kind!r}, expected one of "
+                                 f"{', '.join(_TYPES)}")
+            rows.append((int(q0), int(q1), int(k0), int(k1), kind))
+        self._hold(_flexcp.Mask(rows, int(seqlen_q), int(seqlen_k)))
+
+    def _hold(self, cpp_mask):
+        # What flexcp.attention reads is kept in plain Python attributes, so that torch.compile
+        # traces it without calling into the compiled module: the lengths, and the slices as the
+        # int64 [n, 5] tensor the torch ops take (their arguments are tensors and numbers).
+        self._mask = cpp_mask
+        self._seqlen_q = cpp_mask.seqlen_q
+        self._seqlen_k = cpp_mask.seqlen_k
+        self._slices = torch.from_numpy(cpp_mask.slice_array())
+
+    @classmethod
+    def _of(cls, cpp_mask):
+        # A Mask around one the C++ side built (and validated).
+        mask = cls.__new__(cls)
+        mask._hold(cpp_mask)
+        return mask
+
+    @classmethod
+    def from_json(cls, spec):
+        """From a JSON spec (docs/masks.md): a path, a JSON string or a dict."""
+        if isinstance(spec, dict):
+            text = json.dumps(spec)
+        elif isinstance(spec, (str, os.PathLike)) and os.path.exists(spec):
+            with open(spec) as f:
+                text = f.read()
+        elif isinstance(spec, str):
+            text = spec
+        else:
+            raise ValueError(f"flexcp.Mask.from_json: expected a path, a JSON string or a dict, "
+                             f"got {type(spec).__name__}")
+        return cls._of(_flexcp.Mask.from_json(text))
+
+    def to_json(self):
+        """The JSON spec, as a string."""
+        return self._mask.to_json()
+
+    def area(self, q=None, k=None):
+        """Attended (q, k) pairs, in all or in the rectangle q x k (ranges (begin, end))."""
+        if q is None and k is None:
+            return self._mask.area()
+        q = (0, self.seqlen_q) if q is None else q
+        k = (0, self.seqlen_k) if k is None else k
+        return self._mask.area_of(q[0], q[1], k[0], k[1])
+
+    def attends(self, q, k):
+        return self._mask.attends(q, k)
+
+    @property
+    def seqlen_q(self):
+        return self._seqlen_q
+
+    @property
+    def seqlen_k(self):
+        return self._seqlen_k
+
+    @property
+    def slices(self):
+        return self._mask.slices()
+
+
+    def __repr__(self):
+        return (f"flexcp.Mask({len(self.slices)} slices, seqlen_q={self.seqlen_q}, "
+                f"seqlen_k={self.seqlen_k}, area={self.area()})")

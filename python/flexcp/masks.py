@@ -1,0 +1,86 @@
+"""Builders of the masks people train with (docs/masks.md), the C++ helpers under their names.
+Document lengths are any sequence of ints (a list, a tuple, a 1-D integer tensor)."""
+from . import _flexcp
+from ._mask import Mask
+
+__all__ = ["full", "causal", "batch", "varlen", "varlen_full", "varlen_causal",
+           "from_cu_seqlens", "sliding_window", "block_causal", "prefix_lm", "shared_question",
+           "pack_lengths", "read_lengths_file"]
+
+
+def _ints(name, values):
+    try:
+        out = [int(v) for v in (values.tolist() if hasattr(values, "tolist") else values)]
+    except (TypeError, ValueError):
+        raise ValueError(f"flexcp.masks: {name} must be a sequence of integers, "
+                         f"got {values!r}") from None
+    return out
+
+
+def full(seqlen_q, seqlen_k=None):
+    return Mask._of(_flexcp.masks.full(seqlen_q, seqlen_q if seqlen_k is None else seqlen_k))
+
+
+def causal(seqlen_q, seqlen_k=None):
+    """Bottom-right aligned causal (FlashAttention 2's convention when seqlen_q != seqlen_k)."""
+    return Mask._of(_flexcp.masks.causal(seqlen_q, seqlen_q if seqlen_k is None else seqlen_k))
+
+
+def batch(num_seqs, seqlen, type="causal"):
+    """`num_seqs` sequences of `seqlen` tokens packed, each attending to itself."""
+    return Mask._of(_flexcp.masks.batch(num_seqs, seqlen, type))
+
+
+def varlen(doc_lens, type):
+    return Mask._of(_flexcp.masks.varlen(_ints("doc_lens", doc_lens), type))
+
+
+def varlen_full(doc_lens):
+    return Mask._of(_flexcp.masks.varlen_full(_ints("doc_lens", doc_lens)))
+
+
+def varlen_causal(doc_lens):
+    return Mask._of(_flexcp.masks.varlen_causal(_ints("doc_lens", doc_lens)))
+
+
+def from_cu_seqlens(cu_seqlens_q, cu_seqlens_k=None, causal=True, window=None):
+    """FlashAttention's varlen convention: document d's queries are
+    [cu_seqlens_q[d], cu_seqlens_q[d+1]) and attend its keys [cu_seqlens_k[d], cu_seqlens_k[d+1])
+    (bottom-right aligned when causal). With `window`, each token sees the `window` tokens up to
+    itself (causal) or `window - 1` on each side (not causal); needs cu_seqlens_k == cu_seqlens_q."""
+    q = _ints("cu_seqlens_q", cu_seqlens_q)
+    k = q if cu_seqlens_k is None else _ints("cu_seqlens_k", cu_seqlens_k)
+    if window is None:
+        return Mask._of(_flexcp.masks.from_cu_seqlens(q, k, "causal" if causal else "full"))
+    if k != q:
+        raise ValueError("flexcp.masks.from_cu_seqlens: window needs cu_seqlens_k equal to "
+                         "cu_seqlens_q (self-attention)")
+    if len(q) < 1 or q[0] != 0:
+        raise ValueError(f"flexcp.masks.from_cu_seqlens: cu_seqlens_q must start at 0, got {q[:3]}")
+    lens = [b - a for a, b in zip(q, q[1:])]
+    return Mask._of(_flexcp.masks.sliding_window(lens, int(window), not causal))
+
+
+def sliding_window(doc_lens, window, symmetric=False):
+    return Mask._of(_flexcp.masks.sliding_window(_ints("doc_lens", doc_lens), window, symmetric))
+
+
+def block_causal(doc_lens, block):
+    return Mask._of(_flexcp.masks.block_causal(_ints("doc_lens", doc_lens), block))
+
+
+def prefix_lm(doc_lens, prefix_lens):
+    return Mask._of(_flexcp.masks.prefix_lm(_ints("doc_lens", doc_lens),
+                                            _ints("prefix_lens", prefix_lens)))
+
+
+def shared_question(question_len, answer_lens):
+    return Mask._of(_flexcp.masks.shared_question(question_len, _ints("answer_lens", answer_lens)))
+
+
+def pack_lengths(lengths, total, max_len):
+    return _flexcp.masks.pack_lengths(_ints("lengths", lengths), total, max_len)
+
+
+def read_lengths_file(path):
+    return _flexcp.masks.read_lengths_file(str(path))

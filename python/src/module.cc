@@ -1,0 +1,256 @@
+// flexcp._flexcp: the compiled module under the Python package. Thin by design (STYLE.md,
+// "Bindings"): DLPack tensors become TensorViews, C++ errors become Python exceptions, and every
+// rule stays in the C++ library. It does not link against libtorch: any framework's tensors that
+// speak DLPack (torch's do) come in as nb::ndarray.
+#include <nanobind/nanobind.h>
+#include <nanobind/ndarray.h>
+#include <nanobind/stl/string.h>
+#include <nanobind/stl/tuple.h>
+#include <nanobind/stl/vector.h>
+
+#include <cstdint>
+#include <string>
+#include <tuple>
+#include <vector>
+
+#include "flexcp/flexcp.h"
+
+namespace nb = nanobind;
+
+namespace flexcp::python {
+namespace {
+
+using Array = nb::ndarray<nb::ro>;
+using MutableArray = nb::ndarray<>;
+using SliceTuple = std::tuple<std::int64_t, std::int64_t, std::int64_t, std::int64_t, std::string>;
+
+[[noreturn]] void bad(const std::string& message) {
+  throw Error(Status::kInvalidArgument, message);
+}
+
+DType dtype_of(const nb::dlpack::dtype& d, const char* fn, const char* name) {
+  using Code = nb::dlpack::dtype_code;
+  const auto code = static_cast<Code>(d.code);
+  if (d.lanes == 1) {
+    if (code == Code::Float && d.bits == 32) return DType::kFloat32;
+    if (code == Code::Float && d.bits == 16) return DType::kFloat16;
+    if (code == Code::Bfloat && d.bits == 16) return DType::kBFloat16;
+    if (code == Code::Float && d.bits == 64) return DType::kFloat64;
+  }
+  bad(std::string(fn) + ": " + name + " has dtype code " + std::to_string(d.code) + " with " +
+      std::to_string(d.bits) + " bits, expected float32, bfloat16 or float16");
+}
+
+// A DLPack tensor as a flexcp view (strides in elements; row-major when the producer gave none).
+template <class A>
+TensorView view_of(const A& a, const char* fn, const char* name) {
+  TensorView v;
+  if (a.ndim() > static_cast<std::size_t>(kMaxTensorDims))
+    bad(std::string(fn) + ": " + name + " has " + std::to_string(a.ndim()) +
+        " dims, expected at most " + std::to_string(kMaxTensorDims));
+  v.data = const_cast<void*>(static_cast<const void*>(a.data()));
+  v.dtype = dtype_of(a.dtype(), fn, name);
+  v.ndim = static_cast<int>(a.ndim());
+  std::int64_t stride = 1;
+  for (int d = v.ndim - 1; d >= 0; --d) {
+    v.shape[d] = static_cast<std::int64_t>(a.shape(d));
+    v.strides[d] = a.stride_ptr() ? a.stride(d) : stride;
+    stride *= v.shape[d];
+  }
+  switch (a.device_type()) {
+    case nb::device::cpu::value:
+      v.device = Device::kCpu;
+      break;
+    case nb::device::cuda::value:
+      v.device = Device::kCuda;
+      v.device_index = a.device_id();
+      break;
+    default:
+      bad(std::string(fn) + ": " + name + " is on DLPack device type " +
+          std::to_string(a.device_type()) + ", expected cpu or cuda");
+  }
+  return v;
+}
+
+// An optional tensor argument: None is an empty view.
+TensorView optional_view(const nb::object& o, const char* fn, const char* name) {
+  if (o.is_none()) return {};
+  return view_of(nb::cast<Array>(o), fn, name);
+}
+
+AttentionOptions options_of(double scale, double softcap, const nb::object& sink,
+                            std::uintptr_t stream, const char* fn) {
+  AttentionOptions o;
+  o.scale = scale;
+  o.softcap = softcap;
+  o.sink = optional_view(sink, fn, "sink");
+  o.cuda_stream = reinterpret_cast<void*>(stream);
+  return o;
+}
+
+Mask mask_of(const std::vector<SliceTuple>& slices, std::int64_t seqlen_q, std::int64_t seqlen_k) {
+  std::vector<Slice> s;
+  s.reserve(slices.size());
+  for (const auto& [q0, q1, k0, k1, type] : slices)
+    s.push_back({{q0, q1}, {k0, k1}, parse_mask_type(type)});
+  return Mask(seqlen_q, seqlen_k, std::move(s));
+}
+
+// The slices as an int64 [n, 5] array (q begin, q end, k begin, k end, type): what the torch ops
+// take, since a custom op's arguments are tensors and numbers.
+nb::ndarray<nb::numpy, std::int64_t> slice_array(const Mask& m) {
+  const std::size_t n = m.slices().size();
+  auto* data = new std::int64_t[std::max<std::size_t>(n, 1) * 5];
+  for (std::size_t i = 0; i < n; ++i) {
+    const Slice& s = m.slices()[i];
+    const std::int64_t row[5] = {s.q.begin, s.q.end, s.k.begin, s.k.end,
+                                 static_cast<std::int64_t>(s.type)};
+    std::copy(row, row + 5, data + 5 * i);
+  }
+  nb::capsule owner(data, [](void* p) noexcept { delete[] static_cast<std::int64_t*>(p); });
+  return nb::ndarray<nb::numpy, std::int64_t>(data, {n, 5}, owner);
+}
+
+Mask mask_from_array(const nb::ndarray<nb::ro, std::int64_t, nb::shape<-1, 5>, nb::device::cpu>& a,
+                     std::int64_t seqlen_q, std::int64_t seqlen_k) {
+  std::vector<Slice> s(a.shape(0));
+  const auto v = a.view();
+  for (std::size_t i = 0; i < s.size(); ++i) {
+    const std::int64_t type = v(i, 4);
+    if (type < 0 || type > static_cast<std::int64_t>(MaskType::kBiCausal))
+      bad("flexcp: slice " + std::to_string(i) + " has type " + std::to_string(type) +
+          ", expected 0 (full) to 3 (bi_causal)");
+    s[i] = Slice{{v(i, 0), v(i, 1)}, {v(i, 2), v(i, 3)}, static_cast<MaskType>(type)};
+  }
+  return Mask(seqlen_q, seqlen_k, std::move(s));
+}
+
+std::vector<SliceTuple> slice_tuples(const Mask& m) {
+  std::vector<SliceTuple> out;
+  for (const Slice& s : m.slices())
+    out.emplace_back(s.q.begin, s.q.end, s.k.begin, s.k.end, mask_type_name(s.type));
+  return out;
+}
+
+}  // namespace
+}  // namespace flexcp::python
+
+using namespace flexcp;
+using namespace flexcp::python;
+
+NB_MODULE(_flexcp, m) {
+  m.doc() = "flexcp's compiled core (use the flexcp package)";
+  m.def("version", [] { return std::string(version()); });
+  m.def("built_with_cuda", &built_with_cuda);
+
+  // C++ errors: bad arguments are ValueError, everything else RuntimeError, with the message.
+  nb::register_exception_translator([](const std::exception_ptr& p, void*) {
+    try {
+      std::rethrow_exception(p);
+    } catch (const Error& e) {
+      const std::string what = std::string(e.what());
+      if (e.status() == Status::kInvalidArgument)
+        PyErr_SetString(PyExc_ValueError, what.c_str());
+      else
+        PyErr_SetString(PyExc_RuntimeError,
+                        (std::string(status_string(e.status())) + ": " + what).c_str());
+    }
+  });
+
+  nb::class_<Mask>(m, "Mask")
+      .def(
+          "__init__",
+          [](Mask* self, const std::vector<SliceTuple>& slices, std::int64_t seqlen_q,
+             std::int64_t seqlen_k) { new (self) Mask(mask_of(slices, seqlen_q, seqlen_k)); },
+          nb::arg("slices"), nb::arg("seqlen_q"), nb::arg("seqlen_k"))
+      .def_static("from_json", &Mask::from_json, nb::arg("text"))
+      .def_static("from_array", &mask_from_array, nb::arg("slices"), nb::arg("seqlen_q"),
+                  nb::arg("seqlen_k"))
+      .def("to_json", &Mask::to_json)
+      .def("area", [](const Mask& mask) { return mask.area(); })
+      .def(
+          "area_of",
+          [](const Mask& mask, std::int64_t q0, std::int64_t q1, std::int64_t k0, std::int64_t k1) {
+            return mask.area({q0, q1}, {k0, k1});
+          })
+      .def("attends", &Mask::attends)
+      .def_prop_ro("seqlen_q", &Mask::seqlen_q)
+      .def_prop_ro("seqlen_k", &Mask::seqlen_k)
+      .def("slices", &slice_tuples)
+      .def("slice_array", &slice_array);
+
+  nb::module_ mk = m.def_submodule("masks", "Builders of the masks people train with");
+  mk.def("full", &masks::full, nb::arg("seqlen_q"), nb::arg("seqlen_k"));
+  mk.def("causal", &masks::causal, nb::arg("seqlen_q"), nb::arg("seqlen_k"));
+  mk.def(
+      "batch",
+      [](std::int64_t n, std::int64_t len, const std::string& type) {
+        return masks::batch(n, len, parse_mask_type(type));
+      },
+      nb::arg("num_seqs"), nb::arg("seqlen"), nb::arg("type"));
+  mk.def(
+      "varlen",
+      [](const masks::Lengths& docs, const std::string& type) {
+        return masks::varlen(docs, parse_mask_type(type));
+      },
+      nb::arg("doc_lens"), nb::arg("type"));
+  mk.def("varlen_full", &masks::varlen_full, nb::arg("doc_lens"));
+  mk.def("varlen_causal", &masks::varlen_causal, nb::arg("doc_lens"));
+  mk.def(
+      "from_cu_seqlens",
+      [](const masks::Lengths& q, const masks::Lengths& k, const std::string& type) {
+        return masks::from_cu_seqlens(q, k, parse_mask_type(type));
+      },
+      nb::arg("cu_seqlens_q"), nb::arg("cu_seqlens_k"), nb::arg("type"));
+  mk.def(
+      "sliding_window",
+      [](const masks::Lengths& docs, std::int64_t window, bool symmetric) {
+        return masks::sliding_window(
+            docs, window, symmetric ? masks::WindowKind::kSymmetric : masks::WindowKind::kCausal);
+      },
+      nb::arg("doc_lens"), nb::arg("window"), nb::arg("symmetric") = false);
+  mk.def("block_causal", &masks::block_causal, nb::arg("doc_lens"), nb::arg("block"));
+  mk.def("prefix_lm", &masks::prefix_lm, nb::arg("doc_lens"), nb::arg("prefix_lens"));
+  mk.def("shared_question", &masks::shared_question, nb::arg("question_len"),
+         nb::arg("answer_lens"));
+  mk.def("read_lengths_file", &masks::read_lengths_file, nb::arg("path"));
+  mk.def("pack_lengths", &masks::pack_lengths, nb::arg("lengths"), nb::arg("total"),
+         nb::arg("max_len"));
+
+  // The kernels on caller-allocated outputs (the torch layer allocates them). stream: the
+  // cudaStream_t as an integer (0 for host tensors or the legacy default stream).
+  m.def(
+      "forward",
+      [](const Array& q, const Array& k, const Array& v, const Mask& mask, const MutableArray& out,
+         const MutableArray& lse, double scale, double softcap, const nb::object& sink,
+         std::uintptr_t stream) {
+        const char* fn = "flexcp.attention";
+        const AttentionOptions o = options_of(scale, softcap, sink, stream, fn);
+        const TensorView tq = view_of(q, fn, "q"), tk = view_of(k, fn, "k"),
+                         tv = view_of(v, fn, "v"), to = view_of(out, fn, "out"),
+                         tl = view_of(lse, fn, "lse");
+        nb::gil_scoped_release release;
+        forward(tq, tk, tv, mask, to, tl, o);
+      },
+      nb::arg("q"), nb::arg("k"), nb::arg("v"), nb::arg("mask"), nb::arg("out"), nb::arg("lse"),
+      nb::arg("scale"), nb::arg("softcap"), nb::arg("sink").none(), nb::arg("stream"));
+  m.def(
+      "backward",
+      [](const Array& dout, const Array& q, const Array& k, const Array& v, const Array& out,
+         const Array& lse, const Mask& mask, const MutableArray& dq, const MutableArray& dk,
+         const MutableArray& dv, double scale, double softcap, const nb::object& sink,
+         const nb::object& dsink, std::uintptr_t stream) {
+        const char* fn = "flexcp.attention (backward)";
+        const AttentionOptions o = options_of(scale, softcap, sink, stream, fn);
+        const TensorView tdo = view_of(dout, fn, "grad of out"), tq = view_of(q, fn, "q"),
+                         tk = view_of(k, fn, "k"), tv = view_of(v, fn, "v"),
+                         to = view_of(out, fn, "out"), tl = view_of(lse, fn, "lse"),
+                         tdq = view_of(dq, fn, "dq"), tdk = view_of(dk, fn, "dk"),
+                         tdv = view_of(dv, fn, "dv"), tds = optional_view(dsink, fn, "dsink");
+        nb::gil_scoped_release release;
+        backward(tdo, tq, tk, tv, to, tl, mask, tdq, tdk, tdv, o, tds);
+      },
+      nb::arg("dout"), nb::arg("q"), nb::arg("k"), nb::arg("v"), nb::arg("out"), nb::arg("lse"),
+      nb::arg("mask"), nb::arg("dq"), nb::arg("dk"), nb::arg("dv"), nb::arg("scale"),
+      nb::arg("softcap"), nb::arg("sink").none(), nb::arg("dsink").none(), nb::arg("stream"));
+}

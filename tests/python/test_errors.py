@@ -1,0 +1,67 @@
+"""Bad input raises ValueError naming the argument (C++ messages carried through); outputs of a
+failed call are not half-written; what a user passed is left alone."""
+import pytest
+import torch
+
+import flexcp
+
+
+def make(tq=8, tk=10, hq=4, hk=2, d=16, dtype=torch.float32):
+    return (torch.randn(tq, hq, d).to(dtype), torch.randn(tk, hk, d).to(dtype),
+            torch.randn(tk, hk, d).to(dtype), flexcp.masks.causal(tq, tk))
+
+
+def test_shapes_dtypes_and_masks_are_named():
+    q, k, v, m = make()
+    with pytest.raises(ValueError, match="q has 2 dims, expected \\[Tq, Hq, D\\]"):
+        flexcp.attention(q[:, 0], k, v, m)
+    with pytest.raises(ValueError, match="q has 4 heads and k 3, expected Hq to be a multiple of Hk"):
+        flexcp.attention(q, torch.randn(10, 3, 16), torch.randn(10, 3, 16), m)
+    with pytest.raises(ValueError, match="k has dtype bf16, expected fp32"):
+        flexcp.attention(q, k.bfloat16(), v, m)
+    with pytest.raises(ValueError, match="q has 8 tokens but the mask has seqlen_q 9"):
+        flexcp.attention(q, k, v, flexcp.masks.causal(9, 10))
+    with pytest.raises(ValueError, match="v has shape \\[10, 2, 8\\], expected dim 2 to be 16"):
+        flexcp.attention(q, k, torch.randn(10, 2, 8), m)
+    with pytest.raises(ValueError, match="sink has shape \\[3\\], expected dim 0 to be 4"):
+        flexcp.attention(q, k, v, m, sink=torch.zeros(3))
+    with pytest.raises(ValueError, match="softcap is -1.000000, expected a finite number >= 0"):
+        flexcp.attention(q, k, v, m, softcap=-1.0)
+    with pytest.raises(ValueError, match="q has dtype code 0 with 64 bits"):
+        flexcp.attention(q.long(), k.long(), v.long(), m)
+    with pytest.raises(ValueError, match="mask must be a flexcp.Mask"):
+        flexcp.attention(q, k, v, "causal")
+    with pytest.raises(ValueError, match="k must be a torch.Tensor"):
+        flexcp.attention(q, k.numpy(), v, m)
+
+
+def test_inputs_are_left_alone():
+    q, k, v, m = make()
+    before = [t.clone() for t in (q, k, v)]
+    leaves = [t.clone().requires_grad_() for t in (q, k, v)]
+    out, _ = flexcp.attention(*leaves, m)
+    out.sum().backward()
+    for t, leaf, b in zip((q, k, v), leaves, before):
+        assert torch.equal(t, b) and torch.equal(leaf.detach(), b)
+
+
+def test_the_cuda_backward_is_refused_loudly():
+    if not (torch.cuda.is_available() and flexcp.built_with_cuda()):
+        pytest.skip("needs a CUDA device and a build with the CUDA kernels")
+    q, k, v, m = make(d=64, dtype=torch.bfloat16)
+    q = q.cuda().requires_grad_()
+    out, _ = flexcp.attention(q, k.cuda(), v.cuda(), m)
+    with pytest.raises(RuntimeError, match="the CUDA backward is not written yet"):
+        out.sum().backward()
+
+
+def test_the_compiled_module_does_not_link_torch():
+    # One build for every torch from 2.4 on: tensors cross through DLPack, so nothing of libtorch
+    # (or of a particular CUDA runtime of torch's) may be a dependency of the module.
+    import subprocess
+    from flexcp import _flexcp
+    needed = subprocess.run(["readelf", "-d", _flexcp.__file__], check=True, capture_output=True,
+                            text=True).stdout
+    libs = [line.split("[")[1].rstrip("]") for line in needed.splitlines() if "(NEEDED)" in line]
+    assert libs, needed
+    assert not [lib for lib in libs if "torch" in lib or "c10" in lib], libs
