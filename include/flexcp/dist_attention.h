@@ -30,7 +30,6 @@ struct DistAttentionOptions {
   // world_size, heads, head_dim and dtype come from the communicator and the arguments; the rest
   // is used.
   PlanOptions plan;
-  AttentionOptions attention;
 };
 
 struct StageTiming {
@@ -96,12 +95,15 @@ class FLEXCP_API DistAttention {
 
   // Local shards: q [Tq_local, Hq, D], k and v [Tk_local, Hk, D], out [Tq_local, Hq, D] (input
   // dtype), lse [Tq_local, Hq] fp32. Collective. The context keeps the K/V columns this rank's
-  // work read (its own and the received ones), so k and v may change once it returns.
+  // work read (its own and the received ones) and the options (scale, softcap, a copy of the
+  // sink: fp32 [Hq] in host memory), so k, v and the sink may change once it returns. Every rank
+  // must pass the same options (not checked per call).
   DistContext forward(const TensorView& q, const TensorView& k, const TensorView& v,
-                      const TensorView& out, const TensorView& lse);
+                      const TensorView& out, const TensorView& lse,
+                      const AttentionOptions& options = {});
   // Gradients of the forward that returned `context`: q, out and lse are that forward's; dk and
   // dv are this rank's own K/V rows, with every rank's partials summed. dsink (fp32 [Hq]) receives
-  // the sink gradient summed over all ranks when the options carry a sink and dsink is given.
+  // the sink gradient summed over all ranks when the forward had a sink and dsink is given.
   // Collective. A context from another DistAttention, or an empty one, is an error.
   void backward(DistContext& context, const TensorView& dout, const TensorView& q,
                 const TensorView& out, const TensorView& lse, const TensorView& dq,

@@ -10,9 +10,10 @@ libtorch, so one build works with any PyTorch from 2.4 on.
 from . import _flexcp
 from . import masks
 from ._attention import attention
+from ._dist import DistAttention
 from ._mask import Mask
 
 __version__ = _flexcp.version()
 built_with_cuda = _flexcp.built_with_cuda
 
-__all__ = ["Mask", "masks", "attention", "built_with_cuda", "__version__"]
+__all__ = ["Mask", "masks", "attention", "DistAttention", "built_with_cuda", "__version__"]

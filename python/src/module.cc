@@ -9,6 +9,8 @@
 #include <nanobind/stl/vector.h>
 
 #include <cstdint>
+#include <cstdio>
+#include <memory>
 #include <string>
 #include <tuple>
 #include <vector>
@@ -132,6 +134,95 @@ std::vector<SliceTuple> slice_tuples(const Mask& m) {
   return out;
 }
 
+// A communicator whose exchanges a Python object makes (flexcp._dist: torch.distributed over a
+// process group). Buffers go to Python as (peer, address, bytes, tag); the GIL is taken for each
+// call, and the C++ side keeps every buffer alive until the exchange's handle completes.
+class PyHandle final : public CommHandle {
+ public:
+  PyHandle(nb::object handle, Communicator* comm) : handle_(std::move(handle)), comm_(comm) {}
+  ~PyHandle() override {
+    if (done_) return;
+    // NOTE: as ~MpiHandle: an unfinished exchange must finish before its buffers go; if it
+    // cannot (a peer is gone), the job ends instead of letting the transport write freed memory.
+    nb::gil_scoped_acquire gil;
+    try {
+      handle_.attr("wait")();
+    } catch (const std::exception& e) {
+      std::fprintf(stderr, "flexcp: an abandoned exchange did not finish (%s); ending the job\n",
+                   e.what());
+      comm_->abort(3);
+    }
+  }
+  void wait() override {
+    nb::gil_scoped_acquire gil;
+    handle_.attr("wait")();
+    received_ = nb::cast<std::size_t>(handle_.attr("bytes_received"));
+    done_ = true;
+  }
+  std::size_t bytes_received() const override { return received_; }
+
+ private:
+  nb::object handle_;
+  Communicator* comm_;
+  bool done_ = false;
+  std::size_t received_ = 0;
+};
+
+class PyCommunicator final : public Communicator {
+ public:
+  explicit PyCommunicator(nb::object impl) : impl_(std::move(impl)) {
+    rank_ = nb::cast<int>(impl_.attr("rank")());
+    size_ = nb::cast<int>(impl_.attr("size")());
+  }
+  int rank() const override { return rank_; }
+  int size() const override { return size_; }
+  std::unique_ptr<CommHandle> start(const std::vector<SendOp>& sends,
+                                    const std::vector<RecvOp>& recvs) override {
+    nb::gil_scoped_acquire gil;
+    nb::list s, r;
+    for (const SendOp& op : sends)
+      s.append(
+          nb::make_tuple(op.peer, reinterpret_cast<std::uintptr_t>(op.data), op.bytes, op.tag));
+    for (const RecvOp& op : recvs)
+      r.append(
+          nb::make_tuple(op.peer, reinterpret_cast<std::uintptr_t>(op.data), op.bytes, op.tag));
+    return std::make_unique<PyHandle>(impl_.attr("start")(s, r), this);
+  }
+  void all_gather(const void* mine, std::size_t bytes, void* all) override {
+    nb::gil_scoped_acquire gil;
+    impl_.attr("all_gather")(reinterpret_cast<std::uintptr_t>(mine), bytes,
+                             reinterpret_cast<std::uintptr_t>(all));
+  }
+  void all_gather_v(const void* mine, const std::vector<std::size_t>& counts, void* all) override {
+    nb::gil_scoped_acquire gil;
+    nb::list c;
+    for (std::size_t n : counts) c.append(n);
+    impl_.attr("all_gather_v")(reinterpret_cast<std::uintptr_t>(mine), c,
+                               reinterpret_cast<std::uintptr_t>(all));
+  }
+  void barrier() override {
+    nb::gil_scoped_acquire gil;
+    impl_.attr("barrier")();
+  }
+  [[noreturn]] void abort(int code) override {
+    {
+      nb::gil_scoped_acquire gil;
+      impl_.attr("abort")(code);
+    }
+    std::_Exit(code);
+  }
+
+ private:
+  nb::object impl_;
+  int rank_ = 0, size_ = 1;
+};
+
+// DistAttention over a Python communicator (which it owns, so that it outlives the plan).
+struct PyDistAttention {
+  std::unique_ptr<PyCommunicator> comm;
+  std::unique_ptr<DistAttention> attn;
+};
+
 }  // namespace
 }  // namespace flexcp::python
 
@@ -253,4 +344,70 @@ NB_MODULE(_flexcp, m) {
       nb::arg("dout"), nb::arg("q"), nb::arg("k"), nb::arg("v"), nb::arg("out"), nb::arg("lse"),
       nb::arg("mask"), nb::arg("dq"), nb::arg("dk"), nb::arg("dv"), nb::arg("scale"),
       nb::arg("softcap"), nb::arg("sink").none(), nb::arg("dsink").none(), nb::arg("stream"));
+
+  nb::class_<DistContext>(m, "DistContext")
+      .def("empty", &DistContext::empty)
+      .def("bytes_received", [](const DistContext& c) { return c.stats().fwd_bytes_received; });
+
+  // DistAttention on one rank, over a Python communicator (flexcp._dist). Collective calls.
+  nb::class_<PyDistAttention>(m, "DistAttention")
+      .def(
+          "__init__",
+          [](PyDistAttention* self, const Mask& mask, nb::object comm, std::int64_t heads_q,
+             std::int64_t heads_kv, std::int64_t head_dim, const std::string& dtype,
+             std::int64_t chunk_size, std::int64_t chunks_per_rank) {
+            new (self) PyDistAttention();
+            self->comm = std::make_unique<PyCommunicator>(std::move(comm));
+            DistAttentionOptions o;
+            o.plan.chunk_size = chunk_size;
+            o.plan.chunks_per_rank = chunks_per_rank;
+            self->attn = std::make_unique<DistAttention>(mask, *self->comm, heads_q, heads_kv,
+                                                         head_dim, parse_dtype(dtype), o);
+          },
+          nb::arg("mask"), nb::arg("comm"), nb::arg("heads_q"), nb::arg("heads_kv"),
+          nb::arg("head_dim"), nb::arg("dtype"), nb::arg("chunk_size") = 0,
+          nb::arg("chunks_per_rank") = 0)
+      .def("local_q_tokens", [](const PyDistAttention& d) { return d.attn->local_q_tokens(); })
+      .def("local_k_tokens", [](const PyDistAttention& d) { return d.attn->local_k_tokens(); })
+      .def("position_ids", [](const PyDistAttention& d) { return d.attn->position_ids(); })
+      .def("kv_token_ids",
+           [](const PyDistAttention& d) {
+             std::vector<std::int64_t> ids;
+             for (const Range& r : d.attn->plan().rank.k_tokens)
+               for (std::int64_t t = r.begin; t < r.end; ++t) ids.push_back(t);
+             return ids;
+           })
+      .def("imbalance", [](const PyDistAttention& d) { return d.attn->plan().dispatch.imbalance; })
+      // Every global q token's rank and index among that rank's local rows (the dispatch, which
+      // every rank knows), for exchanges the Python side makes itself (roll).
+      .def("token_ranks",
+           [](const PyDistAttention& d) { return d.attn->plan().dispatch.global_to_rank_q(); })
+      .def("token_local_rows",
+           [](const PyDistAttention& d) { return d.attn->plan().dispatch.global_to_local_q(); })
+      .def("recv_tokens", [](const PyDistAttention& d) { return d.attn->plan().rank.recv_tokens; })
+      .def(
+          "forward",
+          [](PyDistAttention& d, const Array& q, const Array& k, const Array& v,
+             const MutableArray& out, const MutableArray& lse, double scale, double softcap,
+             const nb::object& sink) {
+            const char* fn = "flexcp.DistAttention";
+            return d.attn->forward(view_of(q, fn, "q"), view_of(k, fn, "k"), view_of(v, fn, "v"),
+                                   view_of(out, fn, "out"), view_of(lse, fn, "lse"),
+                                   options_of(scale, softcap, sink, 0, fn));
+          },
+          nb::arg("q"), nb::arg("k"), nb::arg("v"), nb::arg("out"), nb::arg("lse"),
+          nb::arg("scale"), nb::arg("softcap"), nb::arg("sink").none())
+      .def(
+          "backward",
+          [](PyDistAttention& d, DistContext& ctx, const Array& dout, const Array& q,
+             const Array& out, const Array& lse, const MutableArray& dq, const MutableArray& dk,
+             const MutableArray& dv, const nb::object& dsink) {
+            const char* fn = "flexcp.DistAttention (backward)";
+            d.attn->backward(ctx, view_of(dout, fn, "grad of out"), view_of(q, fn, "q"),
+                             view_of(out, fn, "out"), view_of(lse, fn, "lse"),
+                             view_of(dq, fn, "dq"), view_of(dk, fn, "dk"), view_of(dv, fn, "dv"),
+                             optional_view(dsink, fn, "dsink"));
+          },
+          nb::arg("context"), nb::arg("dout"), nb::arg("q"), nb::arg("out"), nb::arg("lse"),
+          nb::arg("dq"), nb::arg("dk"), nb::arg("dv"), nb::arg("dsink").none());
 }

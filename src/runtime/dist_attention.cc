@@ -70,7 +70,19 @@ std::uint64_t next_attention_id() {
 struct DistContext::State {
   std::uint64_t owner = 0;  // the DistAttention that made it
   Buffer k, v;              // [own + received columns, Hk, D]: what the forward's work read
+  double scale = 0, softcap = 0;  // the forward's options, for its backward
+  std::vector<float> sink;        // a copy of its sink logits (empty: none)
   DistStats stats;
+
+  AttentionOptions options() const {
+    AttentionOptions o;
+    o.scale = scale;
+    o.softcap = softcap;
+    if (!sink.empty())
+      o.sink = make_view(const_cast<float*>(sink.data()), DType::kFloat32,
+                         {static_cast<std::int64_t>(sink.size())});
+    return o;
+  }
 };
 
 DistContext::DistContext() = default;
@@ -94,7 +106,6 @@ struct DistAttention::Impl {
   CommLayout layout;
   std::int64_t heads_q = 0, heads_kv = 0, head_dim = 0;
   DType dtype = DType::kFloat32;
-  AttentionOptions attention;
   std::vector<std::int64_t> positions;  // global q token of each local row
 
   const RankPlan& me() const { return plan.rank; }
@@ -114,12 +125,23 @@ struct DistAttention::Impl {
     c.contiguous("lse", lse);
   }
 
-  CallShape stage_shape(int stage) const {
+  CallShape stage_shape(int stage, double scale) const {
     CallShape s;
     static_cast<AttentionShape&>(s) = me().stage_plans[stage].shape();
-    s.scale =
-        attention.scale != 0 ? attention.scale : 1.0 / std::sqrt(static_cast<double>(head_dim));
+    s.scale = scale != 0 ? scale : 1.0 / std::sqrt(static_cast<double>(head_dim));
     return s;
+  }
+
+  // The per-call options: a finite scale, a softcap >= 0, a host fp32 [Hq] sink.
+  void check_options(const ArgChecker& c, const AttentionOptions& o) const {
+    if (!std::isfinite(o.scale))
+      c.fail("scale is " + std::to_string(o.scale) + ", expected a finite number");
+    if (!std::isfinite(o.softcap) || o.softcap < 0)
+      c.fail("softcap is " + std::to_string(o.softcap) + ", expected a finite number >= 0");
+    if (!o.sink.empty()) {
+      c.tensor("sink", o.sink, {heads_q}, "[Hq]", DType::kFloat32, Device::kCpu);
+      c.contiguous("sink", o.sink);
+    }
   }
 
   // Group-cast of K/V into `k_cols`/`v_cols` ([total_columns, Hk, D]): own rows first, then each
@@ -167,7 +189,6 @@ DistAttention::DistAttention(const Mask& mask, Communicator& comm, std::int64_t 
   m.heads_kv = heads_kv;
   m.head_dim = head_dim;
   m.dtype = dtype;
-  m.attention = options.attention;
   if (heads_q < 1 || heads_kv < 1 || head_dim < 1 || heads_q % heads_kv != 0)
     c.fail("heads_q " + std::to_string(heads_q) + ", heads_kv " + std::to_string(heads_kv) +
            ", head_dim " + std::to_string(head_dim) +
@@ -177,11 +198,6 @@ DistAttention::DistAttention(const Mask& mask, Communicator& comm, std::int64_t 
     throw Error(Status::kNotCompiled,
                 "flexcp::DistAttention: plan.device is cuda; the GPU runtime is not built yet, "
                 "DistAttention runs on host memory (device cpu)");
-  const TensorView& sink = options.attention.sink;
-  if (!sink.empty()) {
-    c.tensor("sink", sink, {heads_q}, "[Hq]", DType::kFloat32, Device::kCpu);
-    c.contiguous("sink", sink);
-  }
   PlanOptions po = options.plan;
   po.world_size = comm.size();
   po.heads_q = heads_q;
@@ -199,10 +215,9 @@ DistAttention::DistAttention(const Mask& mask, Communicator& comm, std::int64_t 
         static_cast<std::int64_t>(dtype), static_cast<std::int64_t>(po.gpus_per_node),
         static_cast<std::int64_t>(po.num_stages)})
     fp.add(x);
-  for (double x : {options.attention.scale, options.attention.softcap, po.cost.kernel_tflops,
-                   po.cost.intra_node_gbps, po.cost.inter_node_gbps, po.cost.stage_overhead_us})
+  for (double x : {po.cost.kernel_tflops, po.cost.intra_node_gbps, po.cost.inter_node_gbps,
+                   po.cost.stage_overhead_us})
     fp.add(x);
-  if (!sink.empty()) fp.add(sink.data, static_cast<std::size_t>(heads_q) * sizeof(float));
   std::vector<std::uint64_t> all(comm.size());
   comm.all_gather(&fp.h, sizeof fp.h, all.data());
   for (int r = 1; r < comm.size(); ++r)
@@ -347,7 +362,8 @@ void DistAttention::gather_kv(const TensorView& k, const TensorView& v, const Te
 }
 
 DistContext DistAttention::forward(const TensorView& q, const TensorView& k, const TensorView& v,
-                                   const TensorView& out, const TensorView& lse) {
+                                   const TensorView& out, const TensorView& lse,
+                                   const AttentionOptions& options) {
   Impl& m = *impl_;
   const auto t_all = std::chrono::steady_clock::now();
   const ArgChecker c("flexcp::DistAttention::forward");
@@ -357,11 +373,17 @@ DistContext DistAttention::forward(const TensorView& q, const TensorView& k, con
   m.check_local(c, "v", v, m.layout.own_columns, m.heads_kv);
   m.check_local(c, "out", out, tq, hq);
   m.check_lse(c, lse);
+  m.check_options(c, options);
   c.no_alias({{"out", &out}, {"lse", &lse}},
              {{"q", &q}, {"k", &k}, {"v", &v}, {"out", &out}, {"lse", &lse}});
 
   auto state = std::make_unique<DistContext::State>();
   state->owner = m.id;
+  state->scale = options.scale;
+  state->softcap = options.softcap;
+  if (!options.sink.empty())
+    state->sink.assign(static_cast<const float*>(options.sink.data),
+                       static_cast<const float*>(options.sink.data) + hq);
   state->k = Buffer(m.dtype, m.layout.total_columns, m.heads_kv, dim);
   state->v = Buffer(m.dtype, m.layout.total_columns, m.heads_kv, dim);
   DistStats& stats = state->stats;
@@ -371,7 +393,7 @@ DistContext DistAttention::forward(const TensorView& q, const TensorView& k, con
 
   // Partial results of each stage merge into fp32 accumulators through their LSE; the sink joins
   // the denominator once, after the merge.
-  AttentionOptions partial = m.attention;
+  AttentionOptions partial = options;
   partial.sink = {};
   Buffer acc(DType::kFloat32, tq, hq, dim), part(DType::kFloat32, tq, hq, dim);
   std::vector<float> acc_lse(tq * hq, kNegInf), part_lse(tq * hq);
@@ -385,7 +407,7 @@ DistContext DistAttention::forward(const TensorView& q, const TensorView& k, con
     stats.forward[s].wait_ms = ms_since(t0);
     t0 = std::chrono::steady_clock::now();
     if (m.me().stage_plans[s].area() > 0) {
-      cpu::forward(m.stage_shape(s), m.me().stage_plans[s].impl(), q, state->k.view, state->v.view,
+      cpu::forward(m.stage_shape(s, options.scale), m.me().stage_plans[s].impl(), q, state->k.view, state->v.view,
                    part.view, part_lse_view, partial);
       float* o = acc.f32();
       const float* po = part.f32();
@@ -401,7 +423,7 @@ DistContext DistAttention::forward(const TensorView& q, const TensorView& k, con
   }
   handles[0]->wait();
   // Sink, then the outputs in their dtypes; a row with no attended key keeps out = 0, lse = -inf.
-  const float* sink = static_cast<const float*>(m.attention.sink.data);
+  const float* sink = state->sink.empty() ? nullptr : state->sink.data();
   float* o = acc.f32();
   for (std::int64_t i = 0; i < tq * hq; ++i) {
     float l = acc_lse[i];
@@ -439,8 +461,9 @@ void DistAttention::backward(DistContext& context, const TensorView& dout, const
     m.check_local(c, name, *t, tq, hq);
   m.check_lse(c, lse);
   for (auto [name, t] : {std::pair{"dk", &dk}, {"dv", &dv}}) m.check_local(c, name, *t, own, hk);
+  const AttentionOptions options = ctx.options();
   if (!dsink.empty()) {
-    if (m.attention.sink.empty()) c.fail("dsink was given but the options carry no sink");
+    if (options.sink.empty()) c.fail("dsink was given but its forward had no sink");
     c.tensor("dsink", dsink, {hq}, "[Hq]", DType::kFloat32, Device::kCpu);
     c.contiguous("dsink", dsink);
   }
@@ -473,7 +496,7 @@ void DistAttention::backward(DistContext& context, const TensorView& dout, const
   }
   auto reduce_in = m.comm->start({}, recvs);
 
-  AttentionOptions partial = m.attention;
+  AttentionOptions partial = options;
   partial.sink = {};
   Buffer dq_acc(DType::kFloat32, tq, hq, dim), dq_part(DType::kFloat32, tq, hq, dim);
   Buffer dk_acc(DType::kFloat32, cols, hk, dim), dv_acc(DType::kFloat32, cols, hk, dim);
@@ -482,7 +505,8 @@ void DistAttention::backward(DistContext& context, const TensorView& dout, const
   for (int s = 0; s <= stages; ++s) {
     const auto t0 = std::chrono::steady_clock::now();
     if (m.me().stage_plans[s].area() > 0) {
-      cpu::backward(m.stage_shape(s), m.me().stage_plans[s].impl(), dout, q, ctx.k.view, ctx.v.view,
+      cpu::backward(m.stage_shape(s, options.scale), m.me().stage_plans[s].impl(), dout, q,
+                    ctx.k.view, ctx.v.view,
                     out, lse, dq_part.view, dk_part.view, dv_part.view, partial, {});
       for (auto [acc, part, n] : {std::tuple{&dq_acc, &dq_part, tq * hq * dim},
                                   {&dk_acc, &dk_part, cols * hk * dim},
@@ -534,7 +558,7 @@ void DistAttention::backward(DistContext& context, const TensorView& dout, const
     std::vector<float> mine(hq), all(hq * m.comm->size());
     CallShape shape;
     static_cast<AttentionShape&>(shape) = m.me().stage_plans[0].shape();
-    cpu::sink_gradient(shape, dout, out, lse, m.attention,
+    cpu::sink_gradient(shape, dout, out, lse, options,
                        make_view(mine.data(), DType::kFloat32, {hq}));
     m.comm->all_gather(mine.data(), mine.size() * sizeof(float), all.data());
     for (std::int64_t h = 0; h < hq; ++h) {

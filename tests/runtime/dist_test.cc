@@ -118,15 +118,15 @@ struct Problem {
 // One layer of a problem: global inputs (the same on every rank), the single-rank results, and
 // this rank's shards and outputs.
 struct Layer {
-  Tensor q, k, v, dout;
+  Tensor q, k, v, dout, sink;
+  AttentionOptions options;  // per call: each layer its own sink
   Tensor out, lse, dq, dk, dv, dsink;  // single rank
   Tensor ql, kl, vl, dol;              // this rank's shards
   Tensor ol, ll, dql, dkl, dvl, dsink_dist;
   DistContext context;
 };
 
-Layer make_layer(const Problem& p, const DistAttention& dist, const AttentionOptions& o,
-                 std::uint64_t seed) {
+Layer make_layer(const Problem& p, const DistAttention& dist, std::uint64_t seed) {
   std::mt19937_64 rng(seed);
   const std::int64_t tq = p.mask.seqlen_q(), tk = p.mask.seqlen_k();
   const std::int64_t lq = dist.local_q_tokens(), lk = dist.local_k_tokens();
@@ -135,6 +135,10 @@ Layer make_layer(const Problem& p, const DistAttention& dist, const AttentionOpt
   l.k = test::random_tensor(rng, p.dtype, {tk, p.hk, p.d}, 2.0);
   l.v = test::random_tensor(rng, p.dtype, {tk, p.hk, p.d});
   l.dout = test::random_tensor(rng, p.dtype, {tq, p.hq, p.d});
+  l.sink = test::random_tensor(rng, DType::kFloat32, {p.hq}, 2.0);
+  l.options.softcap = p.softcap;
+  if (p.sink) l.options.sink = l.sink.view;
+  const AttentionOptions& o = l.options;
   l.out = Tensor(p.dtype, {tq, p.hq, p.d});
   l.lse = Tensor(DType::kFloat32, {tq, p.hq});
   l.dq = Tensor(p.dtype, {tq, p.hq, p.d});
@@ -209,17 +213,12 @@ void check_layer(const Problem& p, DistAttention& dist, Layer& l) {
 void check_layers(const Problem& p, const std::vector<int>& backward_order) {
   SCOPED_TRACE(p.name + " on " + std::to_string(g_comm->size()) + " ranks, " +
                std::to_string(backward_order.size()) + " layer(s)");
-  std::mt19937_64 rng(7);
-  Tensor sink = test::random_tensor(rng, DType::kFloat32, {p.hq});
-  DistAttentionOptions o;
-  o.attention.softcap = p.softcap;
-  if (p.sink) o.attention.sink = sink.view;
-  DistAttention dist(p.mask, *g_comm, p.hq, p.hk, p.d, p.dtype, o);
+  DistAttention dist(p.mask, *g_comm, p.hq, p.hk, p.d, p.dtype);
   std::vector<Layer> layers;
   for (std::size_t i = 0; i < backward_order.size(); ++i)
-    layers.push_back(make_layer(p, dist, o.attention, 100 + i));
+    layers.push_back(make_layer(p, dist, 100 + i));
   for (Layer& l : layers)
-    l.context = dist.forward(l.ql.view, l.kl.view, l.vl.view, l.ol.view, l.ll.view);
+    l.context = dist.forward(l.ql.view, l.kl.view, l.vl.view, l.ol.view, l.ll.view, l.options);
   for (int i : backward_order) {
     Layer& l = layers[i];
     dist.backward(l.context, l.dol.view, l.ql.view, l.ol.view, l.ll.view, l.dql.view, l.dkl.view,

@@ -1,0 +1,334 @@
+"""flexcp.DistAttention over a torch.distributed process group (DESIGN §4): the C++ runtime plans
+and computes; this file gives it a communicator made of the group's point-to-point and collective
+calls (gloo for CPU tensors), and the autograd of the distributed calls."""
+import ctypes
+import os
+
+import torch
+import torch.distributed as dist
+
+from . import _flexcp
+from ._mask import Mask
+
+_DTYPES = {torch.float32: "fp32", torch.bfloat16: "bf16", torch.float16: "fp16"}
+
+
+def _bytes_at(address, nbytes):
+    """A uint8 tensor over memory the C++ side owns (no copy)."""
+    if nbytes == 0:
+        return torch.empty(0, dtype=torch.uint8)
+    return torch.frombuffer((ctypes.c_uint8 * nbytes).from_address(address), dtype=torch.uint8)
+
+
+def _timeout_s():
+    return float(os.environ.get("FLEXCP_COMM_TIMEOUT_S", "120"))
+
+
+class _Exchange:
+    """What `start` returns to the C++ side: wait() for every transfer, then bytes_received."""
+
+    def __init__(self, works, recv_bytes):
+        self._works = works
+        self.bytes_received = 0
+        self._recv_bytes = recv_bytes
+
+    def wait(self):
+        import datetime
+        timeout = datetime.timedelta(seconds=_timeout_s())
+        for w in self._works:
+            w.wait(timeout)
+        self._works = []
+        # gloo reports no per-message counts; a completed receive filled its posted buffer.
+        self.bytes_received = self._recv_bytes
+
+
+class _GroupComm:
+    """flexcp's communicator interface over a torch.distributed group."""
+
+    def __init__(self, group):
+        self.group = group
+        self._rank = dist.get_rank(group)
+        self._size = dist.get_world_size(group)
+        self._global = [dist.get_global_rank(group, r) if group is not None else r
+                        for r in range(self._size)]
+
+    def rank(self):
+        return self._rank
+
+    def size(self):
+        return self._size
+
+    def start(self, sends, recvs):
+        works = []
+        recv_bytes = 0
+        for peer, address, nbytes, tag in recvs:
+            works.append(dist.irecv(_bytes_at(address, nbytes), src=self._global[peer],
+                                    group=self.group, tag=tag))
+            recv_bytes += nbytes
+        for peer, address, nbytes, tag in sends:
+            works.append(dist.isend(_bytes_at(address, nbytes), dst=self._global[peer],
+                                    group=self.group, tag=tag))
+        return _Exchange(works, recv_bytes)
+
+    def all_gather(self, mine, nbytes, out):
+        self.all_gather_v(mine, [nbytes] * self._size, out)
+
+    def all_gather_v(self, mine, counts, out):
+        # gloo gathers equal sizes: pad to the largest, then keep each rank's part.
+        width = max(max(counts), 1)
+        send = torch.zeros(width, dtype=torch.uint8)
+        send[:counts[self._rank]] = _bytes_at(mine, counts[self._rank])
+        parts = [torch.empty(width, dtype=torch.uint8) for _ in range(self._size)]
+        dist.all_gather(parts, send, group=self.group)
+        dest = _bytes_at(out, sum(counts))
+        offset = 0
+        for part, n in zip(parts, counts):
+            dest[offset:offset + n] = part[:n]
+            offset += n
+
+    def barrier(self):
+        dist.barrier(group=self.group)
+
+    def abort(self, code):
+        os._exit(code)
+
+
+class DistAttention:
+    """Attention over `mask` spread over the ranks of a torch.distributed group (the default group
+    if None). Planning happens once per mask (per dtype); any number of layers share the object,
+    each call's backward getting its context from autograd.
+
+        attn = flexcp.DistAttention(mask, heads_q=Hq, heads_kv=Hk, head_dim=D)
+        x_local = attn.dispatch(x_global)       # this rank's rows, in local order
+        out, lse = attn(q_local, k_local, v_local)
+        y_global = attn.undispatch(out)         # collective
+
+    Host (CPU) tensors over gloo: the GPU runtime (NCCL) is not built yet.
+    """
+
+    def __init__(self, mask, heads_q, heads_kv, head_dim, group=None, chunk_size=0,
+                 chunks_per_rank=0):
+        if not isinstance(mask, Mask):
+            raise ValueError(f"flexcp.DistAttention: mask must be a flexcp.Mask, "
+                             f"got {type(mask).__name__}")
+        if not dist.is_initialized():
+            raise RuntimeError("flexcp.DistAttention: torch.distributed is not initialised "
+                               "(torch.distributed.init_process_group first)")
+        self.mask = mask
+        self.heads_q, self.heads_kv, self.head_dim = int(heads_q), int(heads_kv), int(head_dim)
+        self.group = group
+        self._plan_args = (int(chunk_size), int(chunks_per_rank))
+        self._impls = {}
+        self._rolls = {}
+        # The dispatch is the same for every dtype: plan once to know it.
+        first = self._impl_for(torch.float32)
+        self.position_ids = torch.tensor(first.position_ids(), dtype=torch.int64)
+        self.kv_token_ids = torch.tensor(first.kv_token_ids(), dtype=torch.int64)
+        self._token_rank = torch.tensor(first.token_ranks(), dtype=torch.int64)
+        self._token_row = torch.tensor(first.token_local_rows(), dtype=torch.int64)
+        self.rank = dist.get_rank(group)
+        self.world_size = dist.get_world_size(group)
+
+    def _impl_for(self, dtype):
+        if dtype not in _DTYPES:
+            raise ValueError(f"flexcp.DistAttention: dtype {dtype}, expected float32, bfloat16 "
+                             "or float16")
+        if dtype not in self._impls:
+            self._impls[dtype] = _flexcp.DistAttention(
+                self.mask._mask, _GroupComm(self.group), self.heads_q, self.heads_kv,
+                self.head_dim, _DTYPES[dtype], *self._plan_args)
+        return self._impls[dtype]
+
+    def __call__(self, q, k, v, scale=None, softcap=0.0, sink=None):
+        """out [T_local, Hq, D] and lse [T_local, Hq] of this rank's rows; differentiable in q, k,
+        v and sink. Collective: every rank calls it, in the same order."""
+        for name, t in (("q", q), ("k", k), ("v", v)):
+            if not isinstance(t, torch.Tensor):
+                raise ValueError(f"flexcp.DistAttention: {name} must be a torch.Tensor")
+        return _DistForward.apply(self, q, k, v, 0.0 if scale is None else float(scale),
+                                  float(softcap), sink)
+
+    # Rows of the global sequence <-> this rank's rows.
+
+    def dispatch(self, x_global):
+        """This rank's rows of a global [T, ...] tensor (the same on every rank), in local order.
+        No communication; the gradient scatters back into this rank's rows."""
+        return _Dispatch.apply(x_global, self.position_ids.to(x_global.device))
+
+    def dispatch_kv(self, x_global):
+        """The K/V rows this rank holds (the same rows as dispatch for self-attention)."""
+        return _Dispatch.apply(x_global, self.kv_token_ids.to(x_global.device))
+
+    def undispatch(self, x_local):
+        """Every rank's rows back into the global [T, ...] tensor, on every rank (collective). The
+        gradient is the sum over ranks of each rank's gradient, as for an all-gather."""
+        return _Undispatch.apply(self, x_local)
+
+    def roll(self, x_local, shift, within_documents=False, fill=0):
+        """dispatch(torch.roll(undispatch(x_local), shift, 0)) for any trailing shape, moving only
+        the rows whose source is on another rank. With within_documents, a position whose source
+        lies in another document, or wraps around the sequence, gets `fill` (next-token and
+        multi-token-prediction labels). Differentiable: the gradient rolls back by -shift."""
+        return _Roll.apply(self, x_local, int(shift), bool(within_documents), fill)
+
+    # The exchange a roll makes, planned once per (shift, within_documents).
+
+    def _roll_plan(self, shift, within_documents):
+        key = (shift, within_documents)
+        if key in self._rolls:
+            return self._rolls[key]
+        t = self.mask.seqlen_q
+        pos = self.position_ids
+        src = pos - shift
+        valid = torch.ones_like(pos, dtype=torch.bool)
+        if within_documents:
+            doc = _document_ids(self.mask)
+            valid = (src >= 0) & (src < t)
+            src_c = src.clamp(0, t - 1)
+            valid &= doc[src_c] == doc[pos]
+        src = src.remainder(t)
+        src_rank = self._token_rank[src]
+        src_row = self._token_row[src]
+        # What every rank needs from every other: each rank computes all of it from the dispatch.
+        every_pos = [self._positions_of(r) for r in range(self.world_size)]
+        plan = {"valid": valid, "local": [], "recv": {}, "send": {}}
+        mine = (src_rank == self.rank) & valid
+        plan["local"] = (torch.nonzero(mine).flatten(), src_row[mine])
+        for r in range(self.world_size):
+            if r == self.rank:
+                continue
+            want = (src_rank == r) & valid
+            plan["recv"][r] = (torch.nonzero(want).flatten(), None)
+            # Rows of mine that rank r needs, in r's order.
+            r_src = every_pos[r] - shift
+            r_valid = torch.ones_like(r_src, dtype=torch.bool)
+            if within_documents:
+                doc = _document_ids(self.mask)
+                r_valid = (r_src >= 0) & (r_src < t)
+                r_valid &= doc[r_src.clamp(0, t - 1)] == doc[every_pos[r]]
+            r_src = r_src.remainder(t)
+            needs = (self._token_rank[r_src] == self.rank) & r_valid
+            plan["send"][r] = self._token_row[r_src[needs]]
+        self._rolls[key] = plan
+        return plan
+
+    def _positions_of(self, rank):
+        return torch.nonzero(self._token_rank == rank).flatten()
+
+
+def _document_ids(mask):
+    """Document of each token: a boundary is an index no slice's q or k range straddles."""
+    t = max(mask.seqlen_q, mask.seqlen_k)
+    straddled = torch.zeros(t + 1, dtype=torch.int64)
+    for q0, q1, k0, k1, _ in mask.slices:
+        for a, b in ((q0, q1), (k0, k1)):
+            if b - a > 1:
+                straddled[a + 1] += 1
+                straddled[b] -= 1
+    inside = torch.cumsum(straddled, 0)[:t] > 0  # index i is straddled: no boundary at i
+    boundary = ~inside
+    boundary[0] = True
+    return torch.cumsum(boundary.to(torch.int64), 0) - 1
+
+
+class _DistForward(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, attn, q, k, v, scale, softcap, sink):
+        impl = attn._impl_for(q.dtype)
+        out = torch.empty(q.shape, dtype=q.dtype)
+        lse = torch.empty(q.shape[:2], dtype=torch.float32)
+        qc, kc, vc = (t.detach().contiguous() for t in (q, k, v))
+        context = impl.forward(qc, kc, vc, out, lse, scale, softcap,
+                               None if sink is None else sink.detach().contiguous())
+        ctx.impl, ctx.context, ctx.has_sink = impl, context, sink is not None
+        ctx.kv_shape = k.shape
+        ctx.save_for_backward(qc, out, lse)
+        ctx.mark_non_differentiable(lse)
+        return out, lse
+
+    @staticmethod
+    def backward(ctx, dout, _dlse):
+        q, out, lse = ctx.saved_tensors
+        dq = torch.empty_like(q)
+        dk = torch.empty(ctx.kv_shape, dtype=q.dtype)
+        dv = torch.empty(ctx.kv_shape, dtype=q.dtype)
+        dsink = torch.empty(q.shape[1], dtype=torch.float32) if ctx.has_sink else None
+        ctx.impl.backward(ctx.context, dout.contiguous(), q, out, lse, dq, dk, dv, dsink)
+        return None, dq, dk, dv, None, None, dsink
+
+
+class _Dispatch(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x_global, rows):
+        ctx.save_for_backward(rows)
+        ctx.global_shape = x_global.shape
+        return x_global.index_select(0, rows)
+
+    @staticmethod
+    def backward(ctx, grad):
+        (rows,) = ctx.saved_tensors
+        out = grad.new_zeros(ctx.global_shape)
+        out.index_copy_(0, rows, grad)
+        return out, None
+
+
+def _gather_rows(attn, x_local):
+    """All ranks' local rows into the global tensor (positions from the dispatch)."""
+    counts = [int((attn._token_rank == r).sum()) for r in range(attn.world_size)]
+    width = max(counts)
+    padded = x_local.new_zeros((width, *x_local.shape[1:]))
+    padded[:x_local.shape[0]] = x_local
+    parts = [torch.empty_like(padded) for _ in range(attn.world_size)]
+    dist.all_gather(parts, padded.contiguous(), group=attn.group)
+    out = x_local.new_empty((attn.mask.seqlen_q, *x_local.shape[1:]))
+    for r, (part, n) in enumerate(zip(parts, counts)):
+        out.index_copy_(0, attn._positions_of(r), part[:n])
+    return out
+
+
+class _Undispatch(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, attn, x_local):
+        ctx.attn = attn
+        return _gather_rows(attn, x_local.detach())
+
+    @staticmethod
+    def backward(ctx, grad):
+        summed = grad.contiguous().clone()
+        dist.all_reduce(summed, group=ctx.attn.group)
+        return None, summed.index_select(0, ctx.attn.position_ids.to(grad.device))
+
+
+def _roll_rows(attn, x_local, shift, within_documents, fill):
+    plan = attn._roll_plan(shift, within_documents)
+    out = torch.full_like(x_local, fill) if within_documents else torch.empty_like(x_local)
+    rows, src = plan["local"]
+    out[rows] = x_local[src]
+    works, buffers = [], {}
+    for r, send_rows in plan["send"].items():
+        if send_rows.numel():
+            works.append(dist.isend(x_local[send_rows].contiguous(),
+                                    dst=dist.get_global_rank(attn.group, r)
+                                    if attn.group is not None else r, group=attn.group))
+    for r, (recv_rows, _) in plan["recv"].items():
+        if recv_rows.numel():
+            buffers[r] = x_local.new_empty((recv_rows.numel(), *x_local.shape[1:]))
+            works.append(dist.irecv(buffers[r], src=dist.get_global_rank(attn.group, r)
+                                    if attn.group is not None else r, group=attn.group))
+    for w in works:
+        w.wait()
+    for r, buf in buffers.items():
+        out[plan["recv"][r][0]] = buf
+    return out
+
+
+class _Roll(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, attn, x_local, shift, within_documents, fill):
+        ctx.attn, ctx.shift, ctx.within = attn, shift, within_documents
+        return _roll_rows(attn, x_local.detach(), shift, within_documents, fill)
+
+    @staticmethod
+    def backward(ctx, grad):
+        return None, _roll_rows(ctx.attn, grad.contiguous(), -ctx.shift, ctx.within, 0), None, \
+            None, None

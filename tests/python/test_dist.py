@@ -1,0 +1,119 @@
+"""flexcp.DistAttention over torch.distributed (gloo), real processes on 1, 2, 3 and 4 ranks:
+results and gradients equal the single-process ones, for layers sharing one object with their
+backwards in any order; roll equals torch.roll on the global tensor; dispatch and undispatch round
+trips are bit-exact; a rank with another mask is stopped before data moves."""
+import os
+
+import pytest
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+
+import flexcp
+
+HQ, HK, D = 4, 2, 16
+
+
+def problem():
+    mask = flexcp.masks.varlen_causal([90, 200, 3, 160, 60])  # 513 tokens: awkward everywhere
+    return mask, mask.seqlen_q
+
+
+def layer_inputs(seed, t, dtype):
+    g = torch.Generator().manual_seed(seed)
+    q = (2 * torch.rand(t, HQ, D, generator=g) - 1).mul(2).to(dtype)
+    k = (2 * torch.rand(t, HK, D, generator=g) - 1).mul(2).to(dtype)
+    v = (2 * torch.rand(t, HK, D, generator=g) - 1).to(dtype)
+    dout = (2 * torch.rand(t, HQ, D, generator=g) - 1).to(dtype)
+    sink = torch.rand(HQ, generator=g) * 2
+    return q, k, v, dout, sink
+
+
+def check_layers(attn, mask, t, dtype, backward_order, with_sink):
+    layers = []
+    for i in range(len(backward_order)):
+        q, k, v, dout, sink = layer_inputs(100 + i, t, dtype)
+        # One process's result, autograd included.
+        qs, ks, vs = (x.clone().requires_grad_() for x in (q, k, v))
+        ss = sink.clone().requires_grad_() if with_sink else None
+        out, lse = flexcp.attention(qs, ks, vs, mask, sink=ss, softcap=5.0)
+        out.backward(dout)
+        want = [out.detach(), lse, qs.grad, ks.grad, vs.grad, ss.grad if with_sink else None]
+        # Distributed: this rank's rows as leaves.
+        ql = attn.dispatch(q).requires_grad_()
+        kl = attn.dispatch_kv(k).requires_grad_()
+        vl = attn.dispatch_kv(v).requires_grad_()
+        sl = sink.clone().requires_grad_() if with_sink else None
+        o, l = attn(ql, kl, vl, softcap=5.0, sink=sl)
+        layers.append((want, (ql, kl, vl, sl), o, l, attn.dispatch(dout)))
+    for i in backward_order:
+        _, _, o, _, dout_local = layers[i]
+        o.backward(dout_local)
+    ulp = {torch.float32: 1e-5, torch.bfloat16: 1 / 256}[dtype]
+    for want, (ql, kl, vl, sl), o, l, _ in layers:
+        got_out = attn.undispatch(o.detach())
+        got = [got_out, attn.undispatch(l), attn.undispatch(ql.grad), attn.undispatch(kl.grad),
+               attn.undispatch(vl.grad)]
+        for name, g, w in zip(("out", "lse", "dq", "dk", "dv"), got, want):
+            finite = torch.isfinite(w.double())
+            assert torch.equal(torch.isfinite(g.double()), finite), name
+            err = (g.double()[finite] - w.double()[finite]).abs().max().item()
+            scale = max(1.0, w.double()[finite].abs().max().item())
+            assert err <= 4 * ulp * scale, f"{name}: {err}"
+        if with_sink:
+            # Each rank's sink gradient is the sum over all ranks (as for a replicated parameter).
+            assert torch.allclose(sl.grad, want[5], rtol=1e-4, atol=1e-4), (sl.grad, want[5])
+
+
+def check_roll(attn, t):
+    g = torch.Generator().manual_seed(5)
+    x = torch.randn(t, 3, 2, generator=g)
+    local = attn.dispatch(x)
+    chunk = t // (attn.world_size * 8)
+    docs = flexcp._dist._document_ids(attn.mask)
+    for shift in (0, 1, -1, chunk, -chunk, t + 7, -3 * t - 2):
+        y = attn.undispatch(attn.roll(local, shift))
+        assert torch.equal(y, torch.roll(x, shift, 0)), shift
+        within = attn.undispatch(attn.roll(local, shift, within_documents=True, fill=-100))
+        pos = torch.arange(t)
+        src = pos - shift
+        keep = (src >= 0) & (src < t)
+        keep &= docs[src.clamp(0, t - 1)] == docs[pos]
+        want = torch.full_like(x, -100)
+        want[keep] = x[src[keep]]
+        assert torch.equal(within, want), shift
+    # The gradient rolls back.
+    leaf = local.clone().requires_grad_()
+    w = torch.randn(leaf.shape, generator=g)
+    (attn.roll(leaf, 3) * w).sum().backward()
+    assert torch.equal(attn.undispatch(leaf.grad),
+                       torch.roll(attn.undispatch(w), -3, 0))
+
+
+def worker(rank, world, init_file):
+    dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank,
+                            world_size=world)
+    try:
+        mask, t = problem()
+        attn = flexcp.DistAttention(mask, HQ, HK, D)
+        # Round trips, bit-exact.
+        x = torch.randn(t, HQ, D, generator=torch.Generator().manual_seed(3)).bfloat16()
+        assert torch.equal(attn.undispatch(attn.dispatch(x)), x)
+        assert attn.position_ids.shape[0] == attn.dispatch(x).shape[0]
+        check_layers(attn, mask, t, torch.float32, [0], with_sink=False)
+        check_layers(attn, mask, t, torch.float32, [1, 0], with_sink=True)
+        check_layers(attn, mask, t, torch.bfloat16, [0, 2, 1], with_sink=False)
+        check_roll(attn, t)
+        # A rank with another mask: every rank is told before any data moves.
+        other = flexcp.masks.causal(t) if rank == world - 1 and world > 1 else mask
+        if world > 1:
+            with pytest.raises(RuntimeError, match="differ from rank 0's"):
+                flexcp.DistAttention(other, HQ, HK, D)
+    finally:
+        dist.destroy_process_group()
+
+
+@pytest.mark.parametrize("world", [1, 2, 3, 4])
+def test_dist_attention_over_gloo(world, tmp_path):
+    os.environ.setdefault("OMP_NUM_THREADS", "1")
+    mp.spawn(worker, args=(world, str(tmp_path / "init")), nprocs=world, join=True)
