@@ -68,8 +68,8 @@ std::uint64_t next_attention_id() {
 }  // namespace
 
 struct DistContext::State {
-  std::uint64_t owner = 0;  // the DistAttention that made it
-  Buffer k, v;              // [own + received columns, Hk, D]: what the forward's work read
+  std::uint64_t owner = 0;        // the DistAttention that made it
+  Buffer k, v;                    // [own + received columns, Hk, D]: what the forward's work read
   double scale = 0, softcap = 0;  // the forward's options, for its backward
   std::vector<float> sink;        // a copy of its sink logits (empty: none)
   DistStats stats;
@@ -407,8 +407,8 @@ DistContext DistAttention::forward(const TensorView& q, const TensorView& k, con
     stats.forward[s].wait_ms = ms_since(t0);
     t0 = std::chrono::steady_clock::now();
     if (m.me().stage_plans[s].area() > 0) {
-      cpu::forward(m.stage_shape(s, options.scale), m.me().stage_plans[s].impl(), q, state->k.view, state->v.view,
-                   part.view, part_lse_view, partial);
+      cpu::forward(m.stage_shape(s, options.scale), m.me().stage_plans[s].impl(), q, state->k.view,
+                   state->v.view, part.view, part_lse_view, partial);
       float* o = acc.f32();
       const float* po = part.f32();
       for (std::int64_t i = 0; i < tq * hq; ++i) {
@@ -506,8 +506,8 @@ void DistAttention::backward(DistContext& context, const TensorView& dout, const
     const auto t0 = std::chrono::steady_clock::now();
     if (m.me().stage_plans[s].area() > 0) {
       cpu::backward(m.stage_shape(s, options.scale), m.me().stage_plans[s].impl(), dout, q,
-                    ctx.k.view, ctx.v.view,
-                    out, lse, dq_part.view, dk_part.view, dv_part.view, partial, {});
+                    ctx.k.view, ctx.v.view, out, lse, dq_part.view, dk_part.view, dv_part.view,
+                    partial, {});
       for (auto [acc, part, n] : {std::tuple{&dq_acc, &dq_part, tq * hq * dim},
                                   {&dk_acc, &dk_part, cols * hk * dim},
                                   {&dv_acc, &dv_part, cols * hk * dim}}) {

@@ -119,7 +119,7 @@ struct Problem {
 // this rank's shards and outputs.
 struct Layer {
   Tensor q, k, v, dout, sink;
-  AttentionOptions options;  // per call: each layer its own sink
+  AttentionOptions options;            // per call: each layer its own sink
   Tensor out, lse, dq, dk, dv, dsink;  // single rank
   Tensor ql, kl, vl, dol;              // this rank's shards
   Tensor ol, ll, dql, dkl, dvl, dsink_dist;
