@@ -1,16 +1,19 @@
 #!/usr/bin/env bash
 # The Python environment the package is built and tested in: a virtual environment of its own
 # (.venv, from the python3 on PATH, where pip works), with torch from PyPI (run on the CPU where
-# there is no GPU), numpy, pytest, and the build requirements of pyproject.toml. Only what is
-# missing is installed: safe to run again. Prints the environment's python.
+# there is no GPU), numpy, pytest, transformers (for its example) and the build requirements of
+# pyproject.toml. Only what is missing is installed: safe to run again. Prints its python.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 if [[ ! -x .venv/bin/python ]]; then
   python3 -m venv .venv
 fi
-if ! .venv/bin/python -c "import torch, numpy, pytest, nanobind, scikit_build_core" 2>/dev/null; then
-  echo "flexcp: installing torch, numpy, pytest, nanobind, scikit-build-core into .venv" >&2
+if ! .venv/bin/python -c "import torch, numpy, pytest, nanobind, scikit_build_core, transformers" \
+  2>/dev/null; then
+  echo "flexcp: installing torch, numpy, pytest, nanobind, scikit-build-core, transformers" \
+    "into .venv" >&2
   .venv/bin/python -m pip install -q --upgrade pip >&2
-  .venv/bin/python -m pip install -q torch numpy pytest nanobind "scikit-build-core>=0.10" >&2
+  .venv/bin/python -m pip install -q torch numpy pytest nanobind "scikit-build-core>=0.10" \
+    transformers >&2
 fi
 echo "$PWD/.venv/bin/python"

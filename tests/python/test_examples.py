@@ -26,3 +26,19 @@ def test_torch_native_context_parallel_losses_equal_one_process():
                        TRAIN, "--steps", "4"])
         for a, b in zip(one, many):
             assert abs(a - b) <= 1e-4 * abs(a), (n, one, many)
+
+
+def test_transformers_llama_with_flexcp_matches_sdpa():
+    import pytest
+    pytest.importorskip("transformers")
+    env = dict(os.environ, OMP_NUM_THREADS="1", HF_HUB_OFFLINE="1")
+    run = subprocess.run([sys.executable, os.path.join(ROOT, "examples", "transformers",
+                                                       "train.py"), "--compare"],
+                         capture_output=True, text=True, env=env, cwd=ROOT, timeout=600)
+    assert run.returncode == 0, run.stdout + run.stderr
+    m = re.search(r"max loss difference ([0-9.e+-]+), max relative gradient difference "
+                  r"([0-9.e+-]+)", run.stdout)
+    assert m, run.stdout
+    assert float(m.group(1)) <= 1e-5 and float(m.group(2)) <= 1e-4, run.stdout
+    steps = [float(x) for x in re.findall(r"flexcp step \d+ loss ([0-9.]+)", run.stdout)]
+    assert len(steps) == 4 and steps[-1] < steps[0], run.stdout
