@@ -141,7 +141,8 @@ class DistAttention:
 
     def __call__(self, q, k, v, scale=None, softcap=0.0, sink=None):
         """out [T_local, Hq, D] and lse [T_local, Hq] of this rank's rows; differentiable in q, k,
-        v and sink. Collective: every rank calls it, in the same order."""
+        v and sink. Collective: every rank calls it, in the same order, with the same options.
+        q, k, v (and the output gradient) are made contiguous first if they are not (a copy)."""
         for name, t in (("q", q), ("k", k), ("v", v)):
             if not isinstance(t, torch.Tensor):
                 raise ValueError(f"flexcp.DistAttention: {name} must be a torch.Tensor")

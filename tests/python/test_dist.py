@@ -104,6 +104,13 @@ def worker(rank, world, init_file):
         check_layers(attn, mask, t, torch.float32, [1, 0], with_sink=True)
         check_layers(attn, mask, t, torch.bfloat16, [0, 2, 1], with_sink=False)
         check_roll(attn, t)
+        # Bad input is named, on every rank alike.
+        lq, lk = attn.position_ids.shape[0], attn.kv_token_ids.shape[0]
+        with pytest.raises(ValueError, match="q has shape"):
+            attn(torch.zeros(lq + 1, HQ, D), torch.zeros(lk, HK, D), torch.zeros(lk, HK, D))
+        with pytest.raises(ValueError, match="k has dtype bf16, expected fp32"):
+            attn(torch.zeros(lq, HQ, D), torch.zeros(lk, HK, D).bfloat16(),
+                 torch.zeros(lk, HK, D))
         # A rank with another mask: every rank is told before any data moves.
         other = flexcp.masks.causal(t) if rank == world - 1 and world > 1 else mask
         if world > 1:
