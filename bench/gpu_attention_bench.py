@@ -1,6 +1,8 @@
-"""flexcp's Hopper forward and its peers on the DESIGN §6 kernel protocol, in one run on the GPU
+"""flexcp's Hopper kernels and their peers on the DESIGN §6 kernel protocol, in one run on the GPU
 host: `flexcp bench --device cuda` (every mask), torch SDPA (cuDNN and flash backends, on full and
-causal) and compiled FlexAttention (every mask). The figure that matters is the ratio.
+causal) and compiled FlexAttention (every mask). The figure that matters is the ratio. With
+--backward, the backward too (each peer's backward on its own forward's output, timed alone:
+autograd.grad with the graph kept), counted as 2.5x the forward's flops.
 
 Masks come from flexcp itself (`flexcp mask ... --out m.json`), so the peers compute exactly the
 pairs flexcp does; TFLOPS count attended pairs only (forward 4 * area * D * Hq). Each row of these
@@ -61,15 +63,28 @@ def bench(fn):
     return triton.testing.do_bench(fn, warmup=25, rep=100, return_mode="median")
 
 
+BWD_RATIO = 2.5  # backward flops / forward flops
+
+
 def flexcp_ms(cli, spec_path, a):
-    """Median milliseconds of one flexcp forward, timed by the tool with CUDA events."""
+    """Median milliseconds of flexcp per direction ("fwd", "bwd", "fwd+bwd"), timed by the tool
+    with CUDA events."""
     cmd = [cli, "bench", "--device", "cuda", "--mask-file", spec_path, "--heads", str(a.heads),
            "--heads-kv", str(a.heads_kv), "--head-dim", str(a.head_dim), "--dtype", "bf16",
-           "--json", "--warmup", "2", "--repeat", "7"]
+           "--json", "--warmup", "2", "--repeat", "7"] + (["--backward"] if a.backward else [])
     res = subprocess.run(cmd, capture_output=True, text=True)
     if res.returncode != 0:
         raise RuntimeError(" ".join(cmd) + " failed: " + (res.stderr or res.stdout)[-400:])
-    return json.loads(res.stdout.strip().splitlines()[-1])[0]["time_us"] * 1e-3
+    return {r["direction"]: r["time_us"] * 1e-3
+            for r in json.loads(res.stdout.strip().splitlines()[-1])}
+
+
+def bench_backward(fn, q, k, v):
+    """Median milliseconds of the backward of fn(q, k, v) alone."""
+    xs = [x.detach().requires_grad_() for x in (q, k, v)]
+    out = fn(*xs)
+    dout = torch.randn_like(out)
+    return bench(lambda: torch.autograd.grad(out, xs, dout, retain_graph=True))
 
 
 def ratio(r, a, b):
@@ -84,6 +99,7 @@ def main():
     p.add_argument("--heads", type=int, default=64)
     p.add_argument("--heads-kv", type=int, default=8)
     p.add_argument("--head-dim", type=int, default=128)
+    p.add_argument("--backward", action="store_true", help="time the backward too")
     a = p.parse_args()
     torch.manual_seed(0)
     dev = "cuda"
@@ -106,9 +122,14 @@ def main():
         v = torch.randn(shape_kv, device=dev, dtype=torch.bfloat16)
         block_mask = create_block_mask(mask_mod, 1, 1, t, t, device=dev)
         row = {"mask": name, "seqlen": t, "area": area}
-        row["flexcp_ms"] = flexcp_ms(a.flexcp, path, a)
+        times = flexcp_ms(a.flexcp, path, a)
+        row["flexcp_ms"] = times["fwd"]
         out_flex = flex(q, k, v, block_mask=block_mask, enable_gqa=True)
         row["flex_ms"] = bench(lambda: flex(q, k, v, block_mask=block_mask, enable_gqa=True))
+        if a.backward:
+            row["flexcp_bwd_ms"] = times["bwd"]
+            row["flex_bwd_ms"] = bench_backward(
+                lambda *x: flex(*x, block_mask=block_mask, enable_gqa=True), q, k, v)
         kind = spec["slices"][0]["type"] if len(spec["slices"]) == 1 else None
         if kind in ("full", "causal") and spec["slices"][0]["q"] == [0, t] and spec["slices"][0]["k"] == [0, t]:
             rep = a.heads // a.heads_kv
@@ -118,12 +139,17 @@ def main():
                     with sdpa_kernel([backend]):
                         ref = F.scaled_dot_product_attention(q, ke, ve, is_causal=kind == "causal")
                         row[label + "_ms"] = bench(lambda: F.scaled_dot_product_attention(q, ke, ve, is_causal=kind == "causal"))
+                        if a.backward:
+                            row[label + "_bwd_ms"] = bench_backward(
+                                lambda *x: F.scaled_dot_product_attention(*x, is_causal=kind == "causal"),
+                                q, ke, ve)
                     # The mask_mod encodes the same pairs: FlexAttention agrees with SDPA.
                     row[label + "_vs_flex"] = float((ref.float() - out_flex.float()).abs().max())
                 except Exception as e:  # a backend that cannot run this shape
                     row[label + "_error"] = f"{type(e).__name__}: {e}".splitlines()[0][:120]
         for key in [k_ for k_ in list(row) if k_.endswith("_ms")]:
-            row[key.replace("_ms", "_tflops")] = tflops(area, a.head_dim, a.heads, row[key])
+            mul = BWD_RATIO if key.endswith("_bwd_ms") else 1.0
+            row[key.replace("_ms", "_tflops")] = mul * tflops(area, a.head_dim, a.heads, row[key])
         print("[case] mask=%s T=%d H=%d HK=%d D=%d [result] %s" % (
             name, t, a.heads, a.heads_kv, a.head_dim,
             " ".join(f"{k_}={row[k_]:.1f}" for k_ in row if k_.endswith("_tflops"))), flush=True)
@@ -144,6 +170,20 @@ def main():
                 "%.1f" % r["flash_tflops"] if "flash_tflops" in r else "-",
                 r["flex_tflops"], ratio(r, "flexcp_tflops", "cudnn_tflops"),
                 ratio(r, "flexcp_tflops", "flash_tflops"), ratio(r, "flexcp_tflops", "flex_tflops")))
+    if not a.backward:
+        return 0
+    with open(os.path.join(a.out, f"gpu_bench_bwd_{tag}.md"), "w") as md:
+        md.write(f"# flexcp backward and peers ({meta['gpu']}, torch {meta['torch']}, bf16, H={a.heads} HK={a.heads_kv} D={a.head_dim}; 2.5x forward flops)\n\n")
+        md.write("| mask | T | flexcp bwd TFLOPS | cuDNN | flash | FlexAttention | flexcp/cuDNN | flexcp/flash | flexcp/Flex |\n"
+                 "|---|---|---|---|---|---|---|---|---|\n")
+        fmt = lambda r, key: "%.1f" % r[key] if key in r else "-"
+        for r in sorted(rows, key=lambda r: (r["mask"].rsplit("-", 1)[0], r["seqlen"])):
+            md.write("| %s | %d | %s | %s | %s | %s | %s | %s | %s |\n" % (
+                r["mask"].rsplit("-", 1)[0], r["seqlen"], fmt(r, "flexcp_bwd_tflops"),
+                fmt(r, "cudnn_bwd_tflops"), fmt(r, "flash_bwd_tflops"), fmt(r, "flex_bwd_tflops"),
+                ratio(r, "flexcp_bwd_tflops", "cudnn_bwd_tflops"),
+                ratio(r, "flexcp_bwd_tflops", "flash_bwd_tflops"),
+                ratio(r, "flexcp_bwd_tflops", "flex_bwd_tflops")))
     return 0
 
 

@@ -2,7 +2,8 @@
 # On the GPU host: writes the protocol masks of DESIGN §6 with flexcp's own generators, then times
 # flexcp's forward and its peers on them in one run (bench/gpu_attention_bench.py). Needs a built
 # flexcp tool (scripts/gpu-check.sh builds build/gpu).
-#   bench/gpu_bench.sh OUT_DIR [lengths...]      (HEADS, HEADS_KV, HEAD_DIM from the environment)
+#   bench/gpu_bench.sh OUT_DIR [lengths...]      (HEADS, HEADS_KV, HEAD_DIM, MASKS from the
+#                                                environment; BACKWARD=1 times the backward too)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 out=${1:?output folder}
@@ -23,5 +24,12 @@ for t in "${lengths[@]}"; do
   $cli mask --mask shared-question --question $((t / 4 < 1024 ? t / 4 : 1024)) --seqlen "$t" "${docs[@]}" --out "$specs/shared-question-$t.json" >/dev/null
   $cli mask --mask prefix-lm --seqlen "$t" "${docs[@]}" --out "$specs/prefix-lm-$t.json" >/dev/null
 done
+# MASKS (a glob, e.g. "{full,causal,varlen-causal}") keeps a subset.
+if [[ -n "${MASKS:-}" ]]; then
+  keep=$(mktemp -d)
+  eval "cp $specs/${MASKS}-*.json $keep/"
+  specs=$keep
+fi
 python3 bench/gpu_attention_bench.py --flexcp "$cli" --specs "$specs" --out "$out" \
-  --heads "${HEADS:-64}" --heads-kv "${HEADS_KV:-8}" --head-dim "${HEAD_DIM:-128}"
+  --heads "${HEADS:-64}" --heads-kv "${HEADS_KV:-8}" --head-dim "${HEAD_DIM:-128}" \
+  ${BACKWARD:+--backward}

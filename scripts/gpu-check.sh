@@ -4,6 +4,7 @@
 # compute-sanitizer memcheck and racecheck on a small case, and, when lengths are given, the
 # benchmark against the peers. Writes its logs under the folder given (default gpu-results/).
 #   scripts/gpu-check.sh OUT [bench lengths...]       e.g. scripts/gpu-check.sh "$OUT" 1024 32768
+# The bench's environment passes through (BACKWARD=1, MASKS=..., see bench/gpu_bench.sh).
 # The device image has every build dependency but CUTLASS: carry .deps/cutlass (docs/gpu-host.md).
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -41,7 +42,7 @@ echo "ctest: rc $rc, $((SECONDS - t0)) s; $(grep -E 'tests passed|tests failed' 
 t0=$SECONDS
 for tool in memcheck racecheck; do
   compute-sanitizer --tool "$tool" --error-exitcode 3 build/gpu/tests/cuda_tests \
-    --gtest_filter='Sm90Forward.FullyMaskedRowsAndEmptyMasks' > "$out/sanitizer.log" 2>&1
+    --gtest_filter='Sm90*.FullyMaskedRowsAndEmptyMasks' > "$out/sanitizer.log" 2>&1
   src=$?
   echo "compute-sanitizer $tool: rc $src; $(grep -E 'ERROR SUMMARY|RACECHECK SUMMARY' "$out/sanitizer.log" | head -1)" >> "$summary"
   ((src == 0)) || { rc=1; cp "$out/sanitizer.log" "$out/sanitizer-$tool.log"; }

@@ -199,6 +199,25 @@ void naive_backward(const TensorView& dout, const TensorView& q, const TensorVie
   for (std::size_t i = 0; i < gv.size(); ++i) dv.set(i, round_to(out_dtype, gv[i]));
 }
 
+Tensor naive_dsink(const TensorView& dout, const Tensor& naive_out, const Tensor& naive_lse,
+                   const TensorView& sink) {
+  const std::int64_t tq = dout.shape[0], hq = dout.shape[1], d = dout.shape[2];
+  Tensor g(DType::kFloat64, {hq});
+  for (std::int64_t h = 0; h < hq; ++h) {
+    double acc = 0;
+    for (std::int64_t x = 0; x < tq; ++x) {
+      const double l = naive_lse.get(x * hq + h);
+      if (std::isinf(l)) continue;
+      double delta = 0;
+      for (std::int64_t c = 0; c < d; ++c)
+        delta += at(dout, x, h, c) * naive_out.get((x * hq + h) * d + c);
+      acc -= std::exp(static_cast<const float*>(sink.data)[h * sink.strides[0]] - l) * delta;
+    }
+    g.set(h, acc);
+  }
+  return g;
+}
+
 Tensor as_fp64(const Tensor& t) {
   Tensor out(DType::kFloat64, {});
   out.bytes.resize(t.numel() * sizeof(double));

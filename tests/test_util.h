@@ -46,6 +46,11 @@ void naive_backward(const TensorView& dout, const TensorView& q, const TensorVie
                     const TensorView& v, const Mask& mask, const AttentionOptions& options,
                     DType out_dtype, Tensor& dq, Tensor& dk, Tensor& dv);
 
+// The sink's gradient from a naive forward's rounded out and lse: -sum_q exp(sink - lse) <dout,
+// out>, an fp64 tensor [Hq].
+Tensor naive_dsink(const TensorView& dout, const Tensor& naive_out, const Tensor& naive_lse,
+                   const TensorView& sink);
+
 // The same values (and shape) as a float64 tensor, for comparing with references.
 Tensor as_fp64(const Tensor& t);
 

@@ -34,8 +34,10 @@ FLEXCP_API void forward(const AttentionPlan& plan, const TensorView& q, const Te
                         const AttentionOptions& options = {});
 
 // Gradients of forward. out and lse are forward's outputs. dsink (fp32 [Hq], on q's device) is
-// written when the options carry a sink and dsink is not empty. Deterministic: the same inputs
-// give the same bits.
+// written when the options carry a sink and dsink is not empty. The plan must have been built for
+// the backward (AttentionPlanOptions). On the CPU the same inputs give the same bits; on the GPU
+// dK, dV and dsink do, and dQ is summed in fp32 in the order its parts arrive (within the
+// tolerance, not bit for bit).
 FLEXCP_API void backward(const AttentionPlan& plan, const TensorView& dout, const TensorView& q,
                          const TensorView& k, const TensorView& v, const TensorView& out,
                          const TensorView& lse, const TensorView& dq, const TensorView& dk,

@@ -37,26 +37,39 @@ struct AttentionShape {
   std::int64_t group() const { return heads_q / heads_kv; }
 };
 
+// What a plan will run. A plan for the backward also holds the k-tile-major work lists, and on
+// the GPU its workspace holds the backward's scratch: an fp32 dQ accumulator (seqlen_q x heads_q x
+// head_dim x 4 bytes) and per-row statistics. A forward-only plan (inference) says backward =
+// false and needs a workspace of a few kilobytes.
+struct AttentionPlanOptions {
+  bool backward = true;
+};
+
 class FLEXCP_API AttentionPlan {
  public:
   // An empty plan; running it is an error.
   AttentionPlan();
   // Attention over `mask` (its seqlens must be the shape's).
-  AttentionPlan(const Mask& mask, const AttentionShape& shape);
+  AttentionPlan(const Mask& mask, const AttentionShape& shape,
+                const AttentionPlanOptions& options = {});
   // Attention over `work`: bands over (q row, k column) inside [0, seqlen_q) x [0, seqlen_k)
   // that cover no pair twice (a mask's slices as bands, or one stage of a rank's local work).
-  AttentionPlan(const std::vector<Band>& work, const AttentionShape& shape);
+  AttentionPlan(const std::vector<Band>& work, const AttentionShape& shape,
+                const AttentionPlanOptions& options = {});
   AttentionPlan(AttentionPlan&&) noexcept;
   AttentionPlan& operator=(AttentionPlan&&) noexcept;
   ~AttentionPlan();
 
   bool empty() const;
   const AttentionShape& shape() const;
+  // Whether the plan can run the backward (AttentionPlanOptions::backward).
+  bool has_backward() const;
   // Attended pairs.
   std::int64_t area() const;
 
-  // Device memory the work lists need on the GPU (0 for host plans). One function lays out both
-  // this size and what bind_workspace writes, so the two cannot disagree.
+  // Device memory the work lists (and, for the backward, its scratch) need on the GPU (0 for host
+  // plans). One function lays out both this size and what bind_workspace writes, so the two
+  // cannot disagree.
   std::size_t workspace_bytes() const;
   // Writes the work lists into `workspace` (device memory of the plan's device, at least
   // workspace_bytes() bytes, 256-byte aligned), in order on `cuda_stream`, and keeps the pointer:
@@ -71,7 +84,8 @@ class FLEXCP_API AttentionPlan {
  private:
   explicit AttentionPlan(std::unique_ptr<Impl> impl);
   friend AttentionPlan make_attention_plan(const std::vector<Band>& work,
-                                           const AttentionShape& shape, const char* fn);
+                                           const AttentionShape& shape, const char* fn,
+                                           const AttentionPlanOptions& options);
   std::unique_ptr<Impl> impl_;
 };
 

@@ -89,14 +89,16 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: Mask,
     """Exact attention over `mask` (docs/masks.md).
 
     q [Tq, Hq, D], k and v [Tk, Hk, D] (Hq a multiple of Hk), one dtype of float32, bfloat16 or
-    float16, on the CPU or one CUDA device (the forward; the CUDA backward is not written yet).
+    float16, on the CPU or one CUDA device (float32 on the CPU only).
     Returns out [Tq, Hq, D] (q's dtype) and lse [Tq, Hq] (float32, natural log; -inf and out = 0
     for a row that attends nothing). Differentiable in q, k, v and sink (float32 [Hq]); lse is
     not. `scale` defaults to 1/sqrt(D); `softcap` > 0 caps logits at softcap * tanh(s / softcap).
     Under torch.autocast, float32 inputs run in the autocast dtype. Tensors keep their strides:
     nothing is copied to make them contiguous (the CUDA kernel needs a unit stride along D and
     16-byte aligned rows, and says so when they are not).
-    `deterministic`: the CPU backward is deterministic whatever it says.
+    `deterministic`: the CPU backward is deterministic whatever it says; on CUDA dK, dV and dsink
+    are, and dQ is summed with atomics in arrival order (bitwise repeatable dQ on CUDA is not
+    written yet: True raises there when a gradient is needed).
     """
     if not isinstance(mask, Mask):
         raise ValueError(f"flexcp.attention: mask must be a flexcp.Mask, got {type(mask).__name__}")
@@ -112,6 +114,10 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: Mask,
         low = torch.get_autocast_dtype(device_type)
         if low in _LOW_PRECISION:
             q, k, v = q.to(low), k.to(low), v.to(low)
-    del deterministic  # the only backward today (CPU) is deterministic
+    if deterministic and device_type == "cuda" and torch.is_grad_enabled() and any(
+            t.requires_grad for t in (q, k, v, sink) if t is not None):
+        raise NotImplementedError(
+            "flexcp.attention: deterministic=True on CUDA: the CUDA backward sums dQ with atomics "
+            "(a deterministic dQ is not written yet); pass deterministic=False, or CPU tensors")
     return _forward(q, k, v, mask._slices, mask.seqlen_q, mask.seqlen_k,
                     0.0 if scale is None else float(scale), float(softcap), sink)

@@ -8,6 +8,7 @@
 #include "kernels/plan/attention_plan_impl.h"
 #if defined(FLEXCP_WITH_CUDA)
 #include "kernels/cuda/runtime.h"
+#include "kernels/sm90/sm90_backward.h"
 #include "kernels/sm90/sm90_forward.h"
 #endif
 
@@ -24,9 +25,8 @@ const AttentionPlan::Impl& plan_of(const std::string& fn, const AttentionPlan& p
 // Runs `run` with a workspace for `plan` that lives for this call only, allocated and released in
 // order on the stream (the mask entries' convenience; plans that are reused bind once).
 template <class Run>
-void with_call_workspace(AttentionPlan& plan, void* stream, Run&& run) {
+void with_call_workspace(const std::string& fn, AttentionPlan& plan, void* stream, Run&& run) {
 #if defined(FLEXCP_WITH_CUDA)
-  const std::string fn = "flexcp::forward";
   const cuda::DeviceGuard guard(plan.shape().device_index, fn);
   auto st = static_cast<cudaStream_t>(stream);
   void* workspace = nullptr;
@@ -41,7 +41,7 @@ void with_call_workspace(AttentionPlan& plan, void* stream, Run&& run) {
   }
   cuda::check(cudaFreeAsync(workspace, st), fn, "cudaFreeAsync (the call's workspace)");
 #else
-  (void)plan, (void)stream, (void)run;
+  (void)fn, (void)plan, (void)stream, (void)run;
 #endif
 }
 
@@ -68,11 +68,16 @@ void backward(const AttentionPlan& plan, const TensorView& dout, const TensorVie
   const AttentionPlan::Impl& p = plan_of(c.fn(), plan);
   const CallShape s =
       check_backward(c, p.shape, dout, q, k, v, out, lse, dq, dk, dv, options, dsink);
-  if (s.device != Device::kCpu)
-    throw Error(Status::kNotCompiled,
-                c.fn() +
-                    ": the CUDA backward is not written yet; pass tensors in host memory "
-                    "(device cpu)");
+  if (!p.backward)
+    throw Error(
+        Status::kInvalidUsage,
+        c.fn() +
+            ": the plan was built for the forward only (AttentionPlanOptions::backward = false); "
+            "build it with backward = true");
+#if defined(FLEXCP_WITH_CUDA)
+  if (s.device == Device::kCuda)
+    return sm90::backward(s, p, dout, q, k, v, out, lse, dq, dk, dv, options, dsink);
+#endif
   cpu::backward(s, p, dout, q, k, v, out, lse, dq, dk, dv, options, dsink);
 }
 
@@ -82,9 +87,10 @@ void forward(const TensorView& q, const TensorView& k, const TensorView& v, cons
   const AttentionShape shape = read_shape(c, q, k, v);
   check_mask(c, shape, mask);
   check_forward(c, shape, q, k, v, out, lse, options);  // every argument named before planning
-  AttentionPlan plan = make_attention_plan(mask_bands(mask), shape, "flexcp::forward");
+  AttentionPlan plan =
+      make_attention_plan(mask_bands(mask), shape, "flexcp::forward", {.backward = false});
   if (shape.device == Device::kCuda)
-    with_call_workspace(plan, options.cuda_stream,
+    with_call_workspace(c.fn(), plan, options.cuda_stream,
                         [&] { forward(plan, q, k, v, out, lse, options); });
   else
     forward(plan, q, k, v, out, lse, options);
@@ -98,13 +104,13 @@ void backward(const TensorView& dout, const TensorView& q, const TensorView& k, 
   const AttentionShape shape = read_shape(c, q, k, v);
   check_mask(c, shape, mask);
   check_backward(c, shape, dout, q, k, v, out, lse, dq, dk, dv, options, dsink);
-  if (shape.device != Device::kCpu)
-    throw Error(Status::kNotCompiled,
-                c.fn() +
-                    ": the CUDA backward is not written yet; pass tensors in host memory "
-                    "(device cpu)");
-  backward(make_attention_plan(mask_bands(mask), shape, "flexcp::backward"), dout, q, k, v, out,
-           lse, dq, dk, dv, options, dsink);
+  AttentionPlan plan = make_attention_plan(mask_bands(mask), shape, "flexcp::backward");
+  if (shape.device == Device::kCuda)
+    with_call_workspace(c.fn(), plan, options.cuda_stream, [&] {
+      backward(plan, dout, q, k, v, out, lse, dq, dk, dv, options, dsink);
+    });
+  else
+    backward(plan, dout, q, k, v, out, lse, dq, dk, dv, options, dsink);
 }
 
 }  // namespace flexcp

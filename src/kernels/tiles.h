@@ -26,6 +26,14 @@ inline int cpu_q_tile_tokens(std::int64_t group) {
 // 128-key S tile is 64 fp32 registers per thread (176 keys spilled at the 232-register budget).
 inline constexpr int kSm90BlockM = 128;
 inline constexpr int kSm90BlockN = 128;
+// sm90 backward. One CTA owns kSm90BwdBlockN keys of one kv head (two consumer warp groups of 64
+// keys, the wgmma M, so that P^T and dS^T land in registers as the A operands of dV and dK) and
+// walks q in blocks of kSm90BwdBlockM rows: the dK and dV accumulators (64 keys x 128 dims each,
+// 128 fp32 registers a thread at head dim 128) leave room for one 64-column S^T and dP^T tile and
+// the dQ tile within the 240-register budget; at head dim 128, K, V, two Q and dO stages, two dS
+// buffers and the statistics take 160 KiB of shared memory.
+inline constexpr int kSm90BwdBlockM = 64;
+inline constexpr int kSm90BwdBlockN = 128;
 // q heads of one kv head packed into a tile's rows: the largest power of two dividing the group
 // (so that a tile holds whole heads and K/V blocks load once for all of them), at most the tile.
 inline int sm90_pack(std::int64_t group) {

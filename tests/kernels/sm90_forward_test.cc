@@ -2,52 +2,20 @@
 // of a naive implementation in the same input precision, plus a small atol. Outputs are poisoned
 // on the device first; rows that attend nothing must read exactly 0 and -inf. Skips, saying why,
 // where no GPU is present.
-#include <cuda_runtime.h>
-#include <gtest/gtest.h>
-
 #include <cmath>
 #include <optional>
 #include <random>
 
-#include "kernels/cuda/device.h"
+#include "cuda_test_util.h"
 #include "kernels/sm90/sm90_forward.h"
-#include "test_util.h"
 
 namespace flexcp {
 namespace {
 
 using test::Tensor;
 
-#define SKIP_WITHOUT_GPU()                                                                    \
-  do {                                                                                        \
-    std::string why;                                                                          \
-    if (cuda::device_count(&why) == 0) GTEST_SKIP() << "no CUDA device here (" << why << ")"; \
-  } while (0)
-
-void cuda_ok(cudaError_t err) {
-  ASSERT_EQ(err, cudaSuccess) << cudaGetErrorString(err);
-}
-
-// A device copy of a host tensor (or NaN-poisoned storage of its shape).
-struct DeviceCopy {
-  void* ptr = nullptr;
-  TensorView view;
-  explicit DeviceCopy(const Tensor& host, bool poison = false) : view(host.view) {
-    const std::size_t bytes = host.bytes.size();
-    cuda_ok(cudaMalloc(&ptr, bytes + 16));
-    if (poison)
-      cuda_ok(cudaMemset(ptr, 0xff, bytes));  // all-ones bits: NaN in fp32, bf16 and fp16
-    else
-      cuda_ok(cudaMemcpy(ptr, host.bytes.data(), bytes, cudaMemcpyHostToDevice));
-    view.data = ptr;
-    view.device = Device::kCuda;
-  }
-  void copy_to(Tensor& host) const {
-    cuda_ok(cudaDeviceSynchronize());
-    cuda_ok(cudaMemcpy(host.bytes.data(), ptr, host.bytes.size(), cudaMemcpyDeviceToHost));
-  }
-  ~DeviceCopy() { cudaFree(ptr); }
-};
+using test::cuda_ok;
+using test::DeviceCopy;
 
 struct Case {
   std::string name;

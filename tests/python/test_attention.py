@@ -23,17 +23,18 @@ def inputs(seed, tq, tk, hq, hk, d, dtype, sink=False):
     return q, k, v, dout, s
 
 
-def check(mask, hq, hk, d, dtype, seed, scale=None, softcap=0.0, with_sink=False):
+def check(mask, hq, hk, d, dtype, seed, scale=None, softcap=0.0, with_sink=False, device="cpu"):
     tq, tk = mask.seqlen_q, mask.seqlen_k
     q, k, v, dout, sink = inputs(seed, tq, tk, hq, hk, d, dtype, with_sink)
     dense = dense_mask(mask)
     # flexcp, with gradients.
-    qg, kg, vg = (t.clone().requires_grad_() for t in (q, k, v))
-    sg = sink.clone().requires_grad_() if sink is not None else None
+    qg, kg, vg = (t.clone().to(device).requires_grad_() for t in (q, k, v))
+    sg = sink.clone().to(device).requires_grad_() if sink is not None else None
     out, lse = flexcp.attention(qg, kg, vg, mask, scale=scale, softcap=softcap, sink=sg)
     assert out.dtype == dtype and lse.dtype == torch.float32
-    out.backward(dout)
-    got = [out.double(), qg.grad.double(), kg.grad.double(), vg.grad.double()]
+    out.backward(dout.to(device))
+    got = [t.cpu().double() for t in (out, qg.grad, kg.grad, vg.grad)]
+    lse = lse.cpu()
     # The reference in float64, and the naive yardstick in float32 arithmetic on the same inputs,
     # its outputs rounded to the dtype.
     def run(dt, round_to):
@@ -59,9 +60,9 @@ def check(mask, hq, hk, d, dtype, seed, scale=None, softcap=0.0, with_sink=False
         lse_err = (lse.double()[finite] - ref_lse[finite]).abs().max().item()
         assert lse_err <= 2 * (naive_lse[finite] - ref_lse[finite]).abs().max().item() + 1e-4
     empty = ~dense.any(dim=1)
-    assert torch.all(out[empty] == 0)
+    assert torch.all(got[0][empty] == 0)
     if with_sink:
-        err = (sg.grad.double() - ref_dsink).abs().max().item()
+        err = (sg.grad.cpu().double() - ref_dsink).abs().max().item()
         assert err <= 2 * (naive_dsink - ref_dsink).abs().max().item() + 1e-3, "dsink"
 
 
@@ -136,8 +137,29 @@ def test_autocast_runs_in_the_autocast_dtype():
     assert torch.equal(out, want)
 
 
-@pytest.mark.skipif(not torch.cuda.is_available() or not flexcp.built_with_cuda(),
-                    reason="needs a CUDA device and a build with the CUDA kernels")
+needs_cuda = pytest.mark.skipif(not torch.cuda.is_available() or not flexcp.built_with_cuda(),
+                                reason="needs a CUDA device and a build with the CUDA kernels")
+
+
+@needs_cuda
+@pytest.mark.parametrize("case", [
+    dict(mask=("varlen_causal", [300, 1, 129, 200]), hq=8, hk=2, d=128, dtype=torch.bfloat16),
+    dict(mask=("random", 113, 239), hq=4, hk=1, d=64, dtype=torch.float16, with_sink=True),
+    dict(mask=("causal", 257), hq=2, hk=2, d=128, dtype=torch.bfloat16, softcap=5.0),
+    dict(mask=("random", 1023, 300), hq=16, hk=2, d=64, dtype=torch.bfloat16, scale=0.3),
+])
+def test_cuda_values_and_gradients_match_the_reference(case):
+    case = dict(case)
+    kind, *args = case.pop("mask")
+    if kind == "random":
+        rng = random.Random(args[0] * 7 + args[1])
+        mask = flexcp.Mask(random_mask_slices(rng, *args), *args)
+    else:
+        mask = getattr(flexcp.masks, kind)(*args)
+    check(mask, seed=91, device="cuda", **case)
+
+
+@needs_cuda
 def test_cuda_forward_matches_the_reference():
     mask = flexcp.masks.varlen_causal([300, 1, 129, 200])
     q, k, v, _, sink = inputs(71, 630, 630, 8, 2, 128, torch.bfloat16, sink=True)

@@ -193,10 +193,15 @@ TEST_F(Cli, BenchPrintsJsonAndRunChecksItself) {
       "--backward --json --repeat 1");
   ASSERT_EQ(r.code, 0) << r.output;
   const auto j = nlohmann::json::parse(r.output);
-  ASSERT_EQ(j.size(), 2u);
+  ASSERT_EQ(j.size(), 3u);
   EXPECT_EQ(j[0]["direction"], "fwd");
   EXPECT_EQ(j[1]["direction"], "bwd");
+  EXPECT_EQ(j[2]["direction"], "fwd+bwd");
   EXPECT_EQ(j[0]["area"], 300 * 301 / 2);
+  // fwd+bwd counts both directions' flops: 3.5x the forward's.
+  const double work_fwd = j[0]["tflops"].get<double>() * j[0]["time_us"].get<double>();
+  EXPECT_NEAR(j[2]["tflops"].get<double>() * j[2]["time_us"].get<double>(), 3.5 * work_fwd,
+              1e-9 * work_fwd);
   EXPECT_GT(j[0]["tflops"].get<double>(), 0.0);
   std::ofstream(path("docs.txt")) << "# document lengths\n700\n\n1500\n90\n";
   r = run_cli("run --seqlen 2048 --heads 2 --heads-kv 1 --head-dim 64 --doc-lens " +

@@ -39,21 +39,44 @@ void save(const std::string& path, const HostTensor& t) {
   write_npy(path, t.shape(), t.to_float().data());
 }
 
-// The forward on the GPU: inputs and the poisoned outputs copied over, outputs copied back.
-void forward_on_device(const HostTensor& q, const HostTensor& k, const HostTensor& v,
-                       const Mask& mask, HostTensor& out, HostTensor& lse,
-                       const AttentionOptions& options, const HostTensor* sink) {
+// The gradients the backward writes (poisoned first, so that an element it skips shows).
+struct Grads {
+  HostTensor dq, dk, dv;
+  std::optional<HostTensor> dsink;
+  Grads(DType dtype, const HostTensor& q, const HostTensor& k, const HostTensor* sink)
+      : dq(dtype, q.shape()), dk(dtype, k.shape()), dv(dtype, k.shape()) {
+    if (sink) dsink.emplace(DType::kFloat32, sink->shape());
+    for (HostTensor* t : {&dq, &dk, &dv}) t->poison();
+    if (dsink) dsink->poison();
+  }
+};
+
+// On the GPU: inputs and the poisoned outputs copied over, the forward (and with dout the
+// backward) run there, outputs copied back.
+void run_on_device(const HostTensor& q, const HostTensor& k, const HostTensor& v, const Mask& mask,
+                   HostTensor& out, HostTensor& lse, const AttentionOptions& options,
+                   const HostTensor* sink, const HostTensor* dout, Grads* grads) {
 #if defined(FLEXCP_TOOLS_CUDA)
-  const DeviceTensor dq(q), dk(k), dv(v), dout(out), dlse(lse);
+  const DeviceTensor dq(q), dk(k), dv(v), dout_(out), dlse(lse);
   // The sink goes to the device with the other inputs.
   std::optional<DeviceTensor> dsink;
   AttentionOptions on_device = options;
   if (sink) on_device.sink = dsink.emplace(*sink).view();
-  forward(dq.view(), dk.view(), dv.view(), mask, dout.view(), dlse.view(), on_device);
-  dout.copy_to(out);
+  forward(dq.view(), dk.view(), dv.view(), mask, dout_.view(), dlse.view(), on_device);
+  dout_.copy_to(out);
   dlse.copy_to(lse);
+  if (dout == nullptr) return;
+  const DeviceTensor g(*dout), gq(grads->dq), gk(grads->dk), gv(grads->dv);
+  std::optional<DeviceTensor> gsink;
+  if (grads->dsink) gsink.emplace(*grads->dsink);
+  backward(g.view(), dq.view(), dk.view(), dv.view(), dout_.view(), dlse.view(), mask, gq.view(),
+           gk.view(), gv.view(), on_device, gsink ? gsink->view() : TensorView{});
+  gq.copy_to(grads->dq);
+  gk.copy_to(grads->dk);
+  gv.copy_to(grads->dv);
+  if (gsink) gsink->copy_to(*grads->dsink);
 #else
-  static_cast<void>(std::tie(q, k, v, mask, out, lse, options, sink));
+  static_cast<void>(std::tie(q, k, v, mask, out, lse, options, sink, dout, grads));
   throw Error(
       Status::kNotCompiled,
       "flexcp attn: --device cuda: this build has no CUDA kernels (configured without CUDA)");
@@ -77,29 +100,26 @@ void run_attn(const AttnArgs& a) {
     sink.emplace(load(a.sink, DType::kFloat32, 1, "sink"));
     options.sink = sink->view();
   }
-  if (a.device == "cuda")
-    forward_on_device(q, k, v, mask, out, lse, options, sink ? &*sink : nullptr);
-  else
+  std::optional<HostTensor> dout;
+  if (!a.dout.empty()) dout.emplace(load(a.dout, dtype, 3, "dout"));
+  Grads grads(dtype, q, k, sink ? &*sink : nullptr);
+  if (a.device == "cuda") {
+    run_on_device(q, k, v, mask, out, lse, options, sink ? &*sink : nullptr,
+                  dout ? &*dout : nullptr, &grads);
+  } else {
     forward(q.view(), k.view(), v.view(), mask, out.view(), lse.view(), options);
+    if (dout)
+      backward(dout->view(), q.view(), k.view(), v.view(), out.view(), lse.view(), mask,
+               grads.dq.view(), grads.dk.view(), grads.dv.view(), options,
+               grads.dsink ? grads.dsink->view() : TensorView{});
+  }
   save(a.out, out);
   save(a.lse, lse);
-  if (a.dout.empty()) return;
-  if (a.device == "cuda")
-    throw Error(Status::kNotCompiled,
-                "flexcp attn: --dout with --device cuda: the CUDA backward "
-                "is not written yet");
-  HostTensor dout = load(a.dout, dtype, 3, "dout");
-  HostTensor dq(dtype, q.shape()), dk(dtype, k.shape()), dv(dtype, v.shape());
-  std::optional<HostTensor> dsink;
-  if (sink) dsink.emplace(DType::kFloat32, sink->shape());
-  for (HostTensor* t : {&dq, &dk, &dv}) t->poison();
-  if (dsink) dsink->poison();
-  backward(dout.view(), q.view(), k.view(), v.view(), out.view(), lse.view(), mask, dq.view(),
-           dk.view(), dv.view(), options, dsink ? dsink->view() : TensorView{});
-  save(a.dq, dq);
-  save(a.dk, dk);
-  save(a.dv, dv);
-  if (dsink && !a.dsink.empty()) save(a.dsink, *dsink);
+  if (!dout) return;
+  save(a.dq, grads.dq);
+  save(a.dk, grads.dk);
+  save(a.dv, grads.dv);
+  if (grads.dsink && !a.dsink.empty()) save(a.dsink, *grads.dsink);
 }
 
 }  // namespace

@@ -3,6 +3,7 @@
 #include <cstdio>
 #include <iostream>
 #include <nlohmann/json.hpp>
+#include <optional>
 #include <tuple>
 
 #include "cli_options.h"
@@ -26,22 +27,41 @@ struct BenchArgs {
   int warmup = 1, repeat = 3;
 };
 
-// Median seconds of one forward on the GPU (event-timed): the plan is built and bound once, as
-// in training where every layer shares the mask, so each call only launches.
-double time_forward_on_device(const HostTensor& q, const HostTensor& k, const HostTensor& v,
-                              const Mask& mask, HostTensor& out, HostTensor& lse, int warmup,
-                              int repeat) {
+struct Times {
+  double fwd = 0, bwd = 0, fwd_bwd = 0;  // median seconds; bwd and fwd_bwd only with backward
+};
+
+// Median seconds on the GPU (event-timed): the plan is built and bound once, as in training where
+// every layer shares the mask, so each call only launches. The backward runs on the forward's out
+// and lse; fwd+bwd times the pair back to back.
+Times time_on_device(const HostTensor& q, const HostTensor& k, const HostTensor& v,
+                     const Mask& mask, HostTensor& out, HostTensor& lse, const HostTensor* dout,
+                     int warmup, int repeat) {
 #if defined(FLEXCP_TOOLS_CUDA)
-  const DeviceTensor dq(q), dk(k), dv(v), dout(out), dlse(lse);
+  const DeviceTensor dq(q), dk(k), dv(v), dout_(out), dlse(lse);
   AttentionShape shape{mask.seqlen_q(), mask.seqlen_k(), q.shape()[1], k.shape()[1],
                        q.shape()[2],    q.view().dtype,  Device::kCuda};
-  AttentionPlan plan(mask, shape);
+  AttentionPlan plan(mask, shape, {.backward = dout != nullptr});
   const DeviceWorkspace workspace(plan);
-  return median_device_seconds(
-      [&] { forward(plan, dq.view(), dk.view(), dv.view(), dout.view(), dlse.view()); },
+  auto fwd = [&] { forward(plan, dq.view(), dk.view(), dv.view(), dout_.view(), dlse.view()); };
+  Times t;
+  t.fwd = median_device_seconds(fwd, std::max(warmup, 1), repeat);
+  if (dout == nullptr) return t;
+  const DeviceTensor g(*dout), gq(q), gk(k), gv(v);
+  auto bwd = [&] {
+    backward(plan, g.view(), dq.view(), dk.view(), dv.view(), dout_.view(), dlse.view(), gq.view(),
+             gk.view(), gv.view());
+  };
+  t.bwd = median_device_seconds(bwd, std::max(warmup, 1), repeat);
+  t.fwd_bwd = median_device_seconds(
+      [&] {
+        fwd();
+        bwd();
+      },
       std::max(warmup, 1), repeat);
+  return t;
 #else
-  static_cast<void>(std::tie(q, k, v, mask, out, lse, warmup, repeat));
+  static_cast<void>(std::tie(q, k, v, mask, out, lse, dout, warmup, repeat));
   throw Error(
       Status::kNotCompiled,
       "flexcp bench: --device cuda: this build has no CUDA kernels (configured without CUDA)");
@@ -49,10 +69,6 @@ double time_forward_on_device(const HostTensor& q, const HostTensor& k, const Ho
 }
 
 void run_bench(const BenchArgs& a) {
-  if (a.device == "cuda" && a.backward)
-    throw Error(
-        Status::kNotCompiled,
-        "flexcp bench: --backward with --device cuda: the CUDA backward is not written yet");
   const DType dtype = parse_dtype(a.shape.dtype);
   const Mask mask = build_mask(a.mask);
   const std::int64_t tq = mask.seqlen_q(), tk = mask.seqlen_k();
@@ -88,30 +104,39 @@ void run_bench(const BenchArgs& a) {
       std::printf("%s [result] time_us=%.1f TFLOPS=%.4f\n", head.c_str(), seconds * 1e6, tflops);
     }
   };
-  // On the CPU too the plan is built once, so that the times are the kernels'.
-  const AttentionShape host_shape{tq, tk, a.shape.heads, a.shape.heads_kv, a.shape.head_dim, dtype};
-  const AttentionPlan host_plan =
-      a.device == "cuda" ? AttentionPlan() : AttentionPlan(mask, host_shape);
-  const double t_fwd =
-      a.device == "cuda"
-          ? time_forward_on_device(q, k, v, mask, out, lse, a.warmup, a.repeat)
-          : median_seconds(
-                [&] { forward(host_plan, q.view(), k.view(), v.view(), out.view(), lse.view()); },
-                a.warmup, a.repeat);
-  report("fwd", t_fwd, flops);
+  std::optional<HostTensor> dout;
   if (a.backward) {
-    HostTensor dout(dtype, {tq, a.shape.heads, a.shape.head_dim}),
-        dq(dtype, {tq, a.shape.heads, a.shape.head_dim}),
-        dk(dtype, {tk, a.shape.heads_kv, a.shape.head_dim}),
-        dv(dtype, {tk, a.shape.heads_kv, a.shape.head_dim});
-    dout.fill_uniform(rng, 1.0f);
-    const double t_bwd = median_seconds(
-        [&] {
-          backward(host_plan, dout.view(), q.view(), k.view(), v.view(), out.view(), lse.view(),
-                   dq.view(), dk.view(), dv.view());
-        },
-        a.warmup, a.repeat);
-    report("bwd", t_bwd, kBackwardFlopsRatio * flops);
+    dout.emplace(dtype, std::vector<std::int64_t>{tq, a.shape.heads, a.shape.head_dim});
+    dout->fill_uniform(rng, 1.0f);
+  }
+  Times t;
+  if (a.device == "cuda") {
+    t = time_on_device(q, k, v, mask, out, lse, dout ? &*dout : nullptr, a.warmup, a.repeat);
+  } else {
+    // On the CPU too the plan is built once, so that the times are the kernels'.
+    const AttentionShape shape{tq, tk, a.shape.heads, a.shape.heads_kv, a.shape.head_dim, dtype};
+    const AttentionPlan plan(mask, shape, {.backward = a.backward});
+    auto fwd = [&] { forward(plan, q.view(), k.view(), v.view(), out.view(), lse.view()); };
+    t.fwd = median_seconds(fwd, a.warmup, a.repeat);
+    if (dout) {
+      HostTensor dq(dtype, q.shape()), dk(dtype, k.shape()), dv(dtype, v.shape());
+      auto bwd = [&] {
+        backward(plan, dout->view(), q.view(), k.view(), v.view(), out.view(), lse.view(),
+                 dq.view(), dk.view(), dv.view());
+      };
+      t.bwd = median_seconds(bwd, a.warmup, a.repeat);
+      t.fwd_bwd = median_seconds(
+          [&] {
+            fwd();
+            bwd();
+          },
+          a.warmup, a.repeat);
+    }
+  }
+  report("fwd", t.fwd, flops);
+  if (dout) {
+    report("bwd", t.bwd, kBackwardFlopsRatio * flops);
+    report("fwd+bwd", t.fwd_bwd, (1 + kBackwardFlopsRatio) * flops);
   }
   if (a.json) std::cout << results.dump() << "\n";
 }

@@ -28,6 +28,15 @@ DeviceWorkList lay_out(const WorkList& list, WorkspaceWriter& writer) {
 
 namespace {
 
+// The workspace of a device plan: the forward's list, and for the backward its list and scratch.
+// The one layout both workspace_bytes() and bind_workspace use.
+void lay_out_plan(AttentionPlan::Impl& m, WorkspaceWriter& writer) {
+  m.device_rows = lay_out(m.rows, writer);
+  if (!m.backward) return;
+  m.device_cols = lay_out(m.cols, writer);
+  m.scratch = sm90::lay_out_bwd_scratch(m.shape, writer);
+}
+
 void check_shape(const ArgChecker& c, const AttentionShape& s) {
   if (s.seqlen_q < 0 || s.seqlen_k < 0)
     c.fail("seqlen_q " + std::to_string(s.seqlen_q) + " and seqlen_k " +
@@ -93,25 +102,27 @@ std::vector<Band> checked_work(const ArgChecker& c, const std::vector<Band>& wor
   return bands;
 }
 
-AttentionPlan plan_for_mask(const Mask& mask, const AttentionShape& shape) {
+AttentionPlan plan_for_mask(const Mask& mask, const AttentionShape& shape,
+                            const AttentionPlanOptions& options) {
   const ArgChecker c("flexcp::AttentionPlan");
   if (mask.seqlen_q() != shape.seqlen_q || mask.seqlen_k() != shape.seqlen_k)
     c.fail("the mask is " + std::to_string(mask.seqlen_q()) + " x " +
            std::to_string(mask.seqlen_k()) + " tokens, expected the shape's " +
            std::to_string(shape.seqlen_q) + " x " + std::to_string(shape.seqlen_k));
-  return make_attention_plan(mask_bands(mask), shape, "flexcp::AttentionPlan");
+  return make_attention_plan(mask_bands(mask), shape, "flexcp::AttentionPlan", options);
 }
 
 }  // namespace
 
 AttentionPlan make_attention_plan(const std::vector<Band>& work, const AttentionShape& shape,
-                                  const char* fn) {
+                                  const char* fn, const AttentionPlanOptions& options) {
   const ArgChecker c(fn);
   check_shape(c, shape);
   check_kernel(c, shape);
   const std::vector<Band> bands = checked_work(c, work, shape);
   auto impl = std::make_unique<AttentionPlan::Impl>();
   impl->shape = shape;
+  impl->backward = options.backward;
   for (const Band& b : bands)
     impl->area += band_area(b, b.row_begin, b.row_end, b.begin_min, b.end_max);
   const std::int64_t tq = shape.seqlen_q, tk = shape.seqlen_k;
@@ -120,10 +131,11 @@ AttentionPlan make_attention_plan(const std::vector<Band>& work, const Attention
                                  {.order = WorkListOrder::kRowMajor,
                                   .tile_rows = tiles::cpu_q_tile_tokens(shape.group()),
                                   .block_cols = tiles::kCpuBlockCols});
-    impl->cols = build_work_list(bands, tq, tk,
-                                 {.order = WorkListOrder::kColumnMajor,
-                                  .tile_rows = tiles::kCpuKeyTileTokens,
-                                  .block_cols = tiles::kCpuBlockCols});
+    if (options.backward)
+      impl->cols = build_work_list(bands, tq, tk,
+                                   {.order = WorkListOrder::kColumnMajor,
+                                    .tile_rows = tiles::kCpuKeyTileTokens,
+                                    .block_cols = tiles::kCpuBlockCols});
     return AttentionPlan(std::move(impl));
   }
   impl->pack = tiles::sm90_pack(shape.group());
@@ -137,8 +149,19 @@ AttentionPlan make_attention_plan(const std::vector<Band>& work, const Attention
            std::to_string(items) +
            " (tile, head) items; the CUDA kernel takes at most 2^31 - 1 of each (fewer slices "
            "per tile, or fewer tokens per call)");
+  if (options.backward) {
+    impl->cols = build_work_list(bands, tq, tk,
+                                 {.order = WorkListOrder::kColumnMajor,
+                                  .tile_rows = tiles::kSm90BwdBlockN,
+                                  .block_cols = tiles::kSm90BwdBlockM});
+    const std::int64_t bwd_items = impl->cols.num_tiles() * shape.heads_kv;
+    if (impl->cols.entries.size() > static_cast<std::size_t>(INT32_MAX) || bwd_items > INT32_MAX)
+      c.fail("the backward's work list has " + std::to_string(impl->cols.entries.size()) +
+             " entries and " + std::to_string(bwd_items) +
+             " (key tile, head) items; the CUDA kernel takes at most 2^31 - 1 of each");
+  }
   WorkspaceWriter sizer(0, nullptr);
-  lay_out(impl->rows, sizer);
+  lay_out_plan(*impl, sizer);
   impl->workspace_bytes = sizer.size();
   impl->workspace_regions = sizer.regions();
   return AttentionPlan(std::move(impl));
@@ -146,10 +169,12 @@ AttentionPlan make_attention_plan(const std::vector<Band>& work, const Attention
 
 AttentionPlan::AttentionPlan() = default;
 AttentionPlan::AttentionPlan(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
-AttentionPlan::AttentionPlan(const Mask& mask, const AttentionShape& shape)
-    : AttentionPlan(plan_for_mask(mask, shape)) {}
-AttentionPlan::AttentionPlan(const std::vector<Band>& work, const AttentionShape& shape)
-    : AttentionPlan(make_attention_plan(work, shape, "flexcp::AttentionPlan")) {}
+AttentionPlan::AttentionPlan(const Mask& mask, const AttentionShape& shape,
+                             const AttentionPlanOptions& options)
+    : AttentionPlan(plan_for_mask(mask, shape, options)) {}
+AttentionPlan::AttentionPlan(const std::vector<Band>& work, const AttentionShape& shape,
+                             const AttentionPlanOptions& options)
+    : AttentionPlan(make_attention_plan(work, shape, "flexcp::AttentionPlan", options)) {}
 AttentionPlan::AttentionPlan(AttentionPlan&&) noexcept = default;
 AttentionPlan& AttentionPlan::operator=(AttentionPlan&&) noexcept = default;
 AttentionPlan::~AttentionPlan() = default;
@@ -168,6 +193,10 @@ const AttentionPlan::Impl& AttentionPlan::impl() const {
 
 const AttentionShape& AttentionPlan::shape() const {
   return impl().shape;
+}
+
+bool AttentionPlan::has_backward() const {
+  return impl().backward;
 }
 
 std::int64_t AttentionPlan::area() const {
@@ -200,16 +229,19 @@ void AttentionPlan::bind_workspace(void* workspace, std::size_t bytes, void* cud
   if ((attr.type != cudaMemoryTypeDevice && attr.type != cudaMemoryTypeManaged) ||
       attr.device != m.shape.device_index)
     c.fail("workspace is not device memory of " + device_name(Device::kCuda, m.shape.device_index));
-  std::vector<unsigned char> image(m.workspace_bytes);
+  WorkspaceWriter sizer(0, nullptr);
+  lay_out_plan(m, sizer);
+  // Only the lists are copied; the backward's scratch (which may be gigabytes) is filled by its
+  // kernels.
+  std::vector<unsigned char> image(sizer.copied_size());
   WorkspaceWriter writer(reinterpret_cast<std::uintptr_t>(workspace), image.data());
-  const DeviceWorkList rows = lay_out(m.rows, writer);
+  lay_out_plan(m, writer);
   const cuda::DeviceGuard guard(m.shape.device_index, fn);
   // NOTE: from pageable memory the copy returns once the image is staged, so it may go out of
   // scope; the device sees it in stream order.
   cuda::check(cudaMemcpyAsync(workspace, image.data(), image.size(), cudaMemcpyHostToDevice,
                               static_cast<cudaStream_t>(cuda_stream)),
               fn, "copying the work lists to the device");
-  m.device_rows = rows;
   m.workspace = workspace;
 #else
   (void)cuda_stream;

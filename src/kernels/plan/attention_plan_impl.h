@@ -6,6 +6,7 @@
 
 #include "flexcp/attention_plan.h"
 #include "kernels/plan/workspace.h"
+#include "kernels/sm90/bwd_scratch.h"
 #include "kernels/worklist/worklist.h"
 
 namespace flexcp {
@@ -15,18 +16,22 @@ struct AttentionPlan::Impl {
   std::int64_t area = 0;
   // q-tile-major: the forward, and the CPU backward's dQ pass (same tiles).
   WorkList rows;
-  // k-tile-major: the CPU backward's dK/dV pass. Empty for device plans (no CUDA backward yet).
+  // k-tile-major: the backward's dK/dV pass (CPU), or the whole backward (sm90). Empty in a
+  // forward-only plan.
   WorkList cols;
+  bool backward = true;
   int pack = 1;  // sm90: q heads packed into one tile's rows (tiles::sm90_pack)
 
   std::size_t workspace_bytes = 0;
   std::string workspace_regions;  // for the message of a too-small workspace
   void* workspace = nullptr;      // bound device memory, or null
   DeviceWorkList device_rows;     // views of `rows` in the workspace, once bound
+  DeviceWorkList device_cols;     // and of `cols` (backward plans)
+  sm90::BwdScratch scratch;       // the backward's scratch (backward plans)
 };
 
 // Builds a plan, naming `fn` in its errors (the public entry that asked for it).
 AttentionPlan make_attention_plan(const std::vector<Band>& work, const AttentionShape& shape,
-                                  const char* fn);
+                                  const char* fn, const AttentionPlanOptions& options = {});
 
 }  // namespace flexcp

@@ -7,6 +7,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <cstring>
+#include <stdexcept>
 #include <string>
 #include <vector>
 
@@ -36,7 +37,8 @@ struct DeviceWorkList {
 };
 
 // Places regions one after another from `base` (a device address, or 0 when only sizing); with
-// an image (host memory of size() bytes, laid out like the workspace) it also copies them in.
+// an image (host memory of copied_size() bytes, laid out like the workspace) it also copies in the
+// regions that are not scratch.
 class WorkspaceWriter {
  public:
   WorkspaceWriter(std::uintptr_t base, unsigned char* image) : base_(base), image_(image) {}
@@ -49,14 +51,25 @@ class WorkspaceWriter {
   T* zeros(const char* name, std::size_t count) {
     return static_cast<T*>(place(name, nullptr, count * sizeof(T)));
   }
+  // A region the kernels fill themselves (scratch): nothing is copied to it, so it may be large.
+  // Scratch regions come after every copied one.
+  template <class T>
+  T* scratch(const char* name, std::size_t count) {
+    return static_cast<T*>(place(name, nullptr, count * sizeof(T), /*copied=*/false));
+  }
   std::size_t size() const { return offset_; }
+  // The leading bytes that hold copied regions: what the host image covers.
+  std::size_t copied_size() const { return copied_; }
   // "entries 1234 B, bands 64 B, ...": what a too-small workspace is told it lacks.
   const std::string& regions() const { return regions_; }
 
  private:
-  void* place(const char* name, const void* src, std::size_t bytes) {
+  void* place(const char* name, const void* src, std::size_t bytes, bool copied = true) {
     offset_ = (offset_ + kWorkspaceAlign - 1) / kWorkspaceAlign * kWorkspaceAlign;
-    if (image_) {
+    if (copied && scratch_seen_)
+      throw std::logic_error("WorkspaceWriter: a copied region after a scratch region");
+    scratch_seen_ = scratch_seen_ || !copied;
+    if (copied && image_) {
       if (src)
         std::memcpy(image_ + offset_, src, bytes);
       else
@@ -66,12 +79,15 @@ class WorkspaceWriter {
         (regions_.empty() ? "" : ", ") + std::string(name) + " " + std::to_string(bytes) + " B";
     void* at = reinterpret_cast<void*>(base_ + offset_);
     offset_ += bytes;
+    if (copied) copied_ = offset_;
     return at;
   }
 
   std::uintptr_t base_;
   unsigned char* image_;
   std::size_t offset_ = 0;
+  std::size_t copied_ = 0;
+  bool scratch_seen_ = false;
   std::string regions_;
 };
 

@@ -1,0 +1,503 @@
+// The Hopper backward kernel: one persistent CTA per SM walks (key tile, kv head) items busiest
+// first. Warp group 0 is the producer (one thread issues every TMA load: the item's K and V once,
+// then Q with lse2 and dO with delta per q block, for every q head of the group). Warp groups 1 and
+// 2 each own 64 of the tile's 128 keys. Per q block of 64 rows, each computes
+//   S^T = K Q^T and dP^T = V dO^T           (wgmma, both operands in shared memory)
+//   P^T = 2^(S^T log2(e) - lse2), masked    (registers; rows are keys, columns q rows)
+//   dS^T = P^T (dP^T - delta) [(1 - t^2)]    (registers)
+//   dV += P^T dO, dK += dS^T Q              (wgmma, P^T and dS^T from registers)
+//   dQ = dS K                                (wgmma from shared memory: both groups' dS, each
+//                                             group half of the head dimension)
+// and adds dQ into the fp32 accumulator with vector atomics. dK and dV are written once, at the
+// end of the item. The preprocessing (delta, lse2) and postprocessing (dQ in the input dtype, the
+// sink's gradient) are in bwd_rowstats.cu.
+#pragma once
+
+#include <cutlass/arch/barrier.h>
+#include <cutlass/arch/reg_reconfig.h>
+#include <cutlass/numeric_conversion.h>
+#include <cute/arch/copy_sm90_tma.hpp>
+#include <cute/tensor.hpp>
+#include <cutlass/pipeline/pipeline.hpp>
+
+#include "kernels/sm90/bwd_params.h"
+#include "kernels/sm90/fwd_kernel.cuh"  // detail::issue_gemm, exp2_approx, softcap_from_exp
+
+namespace flexcp::sm90 {
+
+// The backward's named barriers (ids above CUTLASS's reserved ones).
+enum class BwdBarrier : std::uint32_t {
+  kDsReady = 0,  // both consumer groups have written their dS^T of the block to shared memory
+};
+
+template <class Element_, int kHeadDim_>
+struct BwdConfig {
+  using Element = Element_;
+  static constexpr int kHeadDim = kHeadDim_;
+  static constexpr int kBlockM = kBwdBlockM;  // q rows per block
+  static constexpr int kBlockN = kBwdBlockN;  // keys per CTA
+  static constexpr int kStages = 2;           // Q and dO buffers: the next block loads meanwhile
+  static constexpr int kDsStages = 2;         // dS buffers: one group may write the next block's dS
+                                              // while the other still reads this one's for dQ
+  static constexpr int kConsumers = 2;
+  static constexpr int kThreads = 128 * (kConsumers + 1);
+  static constexpr int kPanels = kHeadDim / 64;  // 128-byte swizzle panels along D (one TMA box)
+  // Register budgets: the producer needs few; the consumers hold dK and dV (kHeadDim fp32 each),
+  // S^T, dP^T and dQ.
+  static constexpr int kProducerRegs = 24;
+  static constexpr int kConsumerRegs = 240;
+  static_assert(kHeadDim % 64 == 0 && kBlockN == 64 * kConsumers && kBlockM == 64);
+
+  using Atom2M = cute::Layout<cute::Shape<cute::_2, cute::_1, cute::_1>>;
+  using Atom2N = cute::Layout<cute::Shape<cute::_1, cute::_2, cute::_1>>;
+  // S^T and dP^T: M = keys (64 per group), N = q rows, K = head dim.
+  using TileSdP = cute::Shape<cute::Int<kBlockN>, cute::Int<kBlockM>, cute::Int<kHeadDim>>;
+  using MmaSdP = decltype(cute::make_tiled_mma(
+      cute::GMMA::ss_op_selector<Element, Element, float, TileSdP>(), Atom2M{}));
+  // dV and dK: M = keys, N = head dim, K = q rows; A (P^T, dS^T) from registers.
+  using TileKV = cute::Shape<cute::Int<kBlockN>, cute::Int<kHeadDim>, cute::Int<kBlockM>>;
+  using MmaKV = decltype(cute::make_tiled_mma(
+      cute::GMMA::rs_op_selector<Element, Element, float, TileKV, cute::GMMA::Major::K,
+                                 cute::GMMA::Major::MN>(),
+      Atom2M{}));
+  // dQ: M = q rows, N = half the head dim per group, K = keys.
+  using TileDQ = cute::Shape<cute::Int<kBlockM>, cute::Int<kHeadDim / 2>, cute::Int<kBlockN>>;
+  using MmaDQ = decltype(cute::make_tiled_mma(
+      cute::GMMA::ss_op_selector<Element, Element, float, TileDQ, cute::GMMA::Major::K,
+                                 cute::GMMA::Major::MN>(),
+      Atom2N{}));
+
+  using SwizzleAtom = decltype(cute::GMMA::Layout_K_SW128_Atom<Element>{});
+  using SmemLayoutQ = decltype(cute::tile_to_shape(
+      SwizzleAtom{}, cute::Shape<cute::Int<kBlockM>, cute::Int<kHeadDim>, cute::Int<kStages>>{}));
+  using SmemLayoutKV = decltype(cute::tile_to_shape(
+      SwizzleAtom{}, cute::Shape<cute::Int<kBlockN>, cute::Int<kHeadDim>>{}));
+  using SmemLayoutDs = decltype(cute::tile_to_shape(
+      SwizzleAtom{}, cute::Shape<cute::Int<kBlockM>, cute::Int<kBlockN>, cute::Int<kDsStages>>{}));
+  // Transposed views (of the view, not of memory): Q and dO as (D, q rows) for the B operand of
+  // dK and dV, K as (D, keys) for the B operand of dQ, dS as (keys, q rows) for its writers.
+  using SmemLayoutQt = decltype(cute::composition(
+      SmemLayoutQ{},
+      cute::make_layout(
+          cute::Shape<cute::Int<kHeadDim>, cute::Int<kBlockM>, cute::Int<kStages>>{},
+          cute::Stride<cute::Int<kBlockM>, cute::_1, cute::Int<kBlockM * kHeadDim>>{})));
+  using SmemLayoutKt = decltype(cute::composition(
+      SmemLayoutKV{}, cute::make_layout(cute::Shape<cute::Int<kHeadDim>, cute::Int<kBlockN>>{},
+                                        cute::Stride<cute::Int<kBlockN>, cute::_1>{})));
+  using SmemLayoutDst = decltype(cute::composition(
+      SmemLayoutDs{},
+      cute::make_layout(
+          cute::Shape<cute::Int<kBlockN>, cute::Int<kBlockM>, cute::Int<kDsStages>>{},
+          cute::Stride<cute::Int<kBlockM>, cute::_1, cute::Int<kBlockM * kBlockN>>{})));
+
+  using PipelineQ = cutlass::PipelineTmaAsync<kStages>;
+  using PipelineKV = cutlass::PipelineTmaAsync<1>;
+  static constexpr int kItemStages = 2;
+  using PipelineItem = cutlass::PipelineAsync<kItemStages>;
+
+  struct SharedStorage {
+    cute::array_aligned<Element, cute::cosize_v<SmemLayoutQ>, 1024> q;
+    cute::array_aligned<Element, cute::cosize_v<SmemLayoutQ>, 1024> dout;
+    cute::array_aligned<Element, cute::cosize_v<SmemLayoutKV>, 1024> k;
+    cute::array_aligned<Element, cute::cosize_v<SmemLayoutKV>, 1024> v;
+    cute::array_aligned<Element, cute::cosize_v<SmemLayoutDs>, 1024> ds;
+    cute::array_aligned<float, kBwdStatsLoad * kStages, 128> lse2;
+    cute::array_aligned<float, kBwdStatsLoad * kStages, 128> delta;
+    typename PipelineQ::SharedStorage pipe_q;
+    typename PipelineQ::SharedStorage pipe_do;
+    typename PipelineKV::SharedStorage pipe_kv;
+    typename PipelineItem::SharedStorage pipe_item;
+    int item[kItemStages];
+  };
+  static constexpr int kSmemBytes = int(sizeof(SharedStorage)) + 1024;
+  static_assert(kSmemBytes <= 227 * 1024, "more shared memory than an sm_90 CTA may have");
+
+  static constexpr std::uint32_t kQBytes = kBlockM * kHeadDim * sizeof(Element);
+  static constexpr std::uint32_t kStatsBytes = kBwdStatsLoad * sizeof(float);
+  static_assert(kStatsBytes % 16 == 0, "bulk copies move multiples of 16 bytes");
+  static constexpr std::uint32_t kKVBytes = kBlockN * kHeadDim * sizeof(Element);
+};
+
+namespace detail {
+
+struct BwdItem {
+  int tile, kv_head;
+  int e_begin, e_end;
+};
+
+__device__ __forceinline__ BwdItem decode_bwd_item(const BwdParams& p, int i) {
+  BwdItem it;
+  it.kv_head = i / p.num_tiles;
+  it.tile = p.work.tile_order[i % p.num_tiles];
+  it.e_begin = int(p.work.tile_offsets[it.tile]);
+  it.e_end = int(p.work.tile_offsets[it.tile + 1]);
+  return it;
+}
+
+// Zero, as a value the compiler cannot see through (so that what is computed from it stays in
+// the loop that computes it).
+__device__ __forceinline__ int opaque_zero() {
+  int z;
+  asm volatile("mov.u32 %0, 0;" : "=r"(z));
+  return z;
+}
+
+__device__ __forceinline__ float log2_approx(float x) {
+  float y;
+  asm("lg2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
+  return y;
+}
+
+}  // namespace detail
+
+template <class Cfg>
+__global__ void __launch_bounds__(Cfg::kThreads, 1)
+    bwd_kernel(const __grid_constant__ BwdParams p) {
+  using namespace cute;
+  using Element = typename Cfg::Element;
+  using PipelineQ = typename Cfg::PipelineQ;
+  using PipelineKV = typename Cfg::PipelineKV;
+  using PipelineItem = typename Cfg::PipelineItem;
+  constexpr int kHeadDim = Cfg::kHeadDim;
+  constexpr int kBlockM = Cfg::kBlockM;
+  constexpr int kBlockN = Cfg::kBlockN;
+
+  extern __shared__ char smem_raw[];
+  auto& ss = *reinterpret_cast<typename Cfg::SharedStorage*>(
+      (reinterpret_cast<std::uintptr_t>(smem_raw) + 1023) & ~std::uintptr_t(1023));
+
+  const int wg = threadIdx.x / 128;
+  const bool producer = wg == 0;
+  const bool leader = threadIdx.x == 0;
+  using Role = typename PipelineQ::ThreadCategory;
+  const Role role = producer ? Role::Producer : Role::Consumer;
+
+  typename PipelineQ::Params qp;
+  qp.transaction_bytes = Cfg::kQBytes + Cfg::kStatsBytes;
+  qp.role = role;
+  qp.is_leader = leader;
+  qp.num_consumers = 128 * Cfg::kConsumers;
+  typename PipelineKV::Params kvp;
+  kvp.transaction_bytes = 2 * Cfg::kKVBytes;
+  kvp.role = static_cast<typename PipelineKV::ThreadCategory>(role);
+  kvp.is_leader = leader;
+  kvp.num_consumers = 128 * Cfg::kConsumers;
+  PipelineQ pipe_q(ss.pipe_q, qp, Shape<_1, _1, _1>{});
+  PipelineQ pipe_do(ss.pipe_do, qp, Shape<_1, _1, _1>{});
+  PipelineKV pipe_kv(ss.pipe_kv, kvp, Shape<_1, _1, _1>{});
+  typename PipelineItem::Params ip;
+  ip.role =
+      producer ? PipelineItem::ThreadCategory::Producer : PipelineItem::ThreadCategory::Consumer;
+  ip.producer_arv_count = 1;
+  ip.consumer_arv_count = 128 * Cfg::kConsumers;
+  PipelineItem pipe_item(ss.pipe_item, ip);
+  __syncthreads();  // barriers initialised before anyone waits on them
+
+  if (producer) {
+    cutlass::arch::warpgroup_reg_dealloc<Cfg::kProducerRegs>();
+    if (threadIdx.x != 0) return;
+    if (p.seqlen_q > 0) {  // without rows the q-side maps are left empty
+      prefetch_tma_descriptor(&p.tma_q);
+      prefetch_tma_descriptor(&p.tma_do);
+    }
+    prefetch_tma_descriptor(&p.tma_k);
+    prefetch_tma_descriptor(&p.tma_v);
+    constexpr std::uint64_t kHint = static_cast<std::uint64_t>(TMA::CacheHintSm90::EVICT_NORMAL);
+    auto q_state = cutlass::make_producer_start_state<PipelineQ>();
+    auto do_state = cutlass::make_producer_start_state<PipelineQ>();
+    auto kv_state = cutlass::make_producer_start_state<PipelineKV>();
+    auto item_state = cutlass::make_producer_start_state<PipelineItem>();
+    for (int i = blockIdx.x;; i = gridDim.x + atomicAdd(p.work.scheduler, 1)) {
+      pipe_item.producer_acquire(item_state);
+      ss.item[item_state.index()] = i;
+      pipe_item.producer_commit(item_state);
+      ++item_state;
+      if (i >= p.items) {
+        // As in the forward: the last CTA to count itself out resets the counters.
+        __threadfence();
+        if (atomicAdd(p.work.scheduler + 1, 1) == int(gridDim.x) - 1) {
+          atomicExch(p.work.scheduler, 0);
+          atomicExch(p.work.scheduler + 1, 0);
+        }
+        break;
+      }
+      const detail::BwdItem it = detail::decode_bwd_item(p, i);
+      if (it.e_begin == it.e_end) continue;
+      pipe_kv.producer_acquire(kv_state);
+      for (int c = 0; c < Cfg::kPanels; ++c) {
+        SM90_TMA_LOAD_3D::copy(&p.tma_k, pipe_kv.producer_get_barrier(kv_state), kHint,
+                               ss.k.data() + c * kBlockN * 64, c * 64, it.tile * kBlockN,
+                               it.kv_head);
+        SM90_TMA_LOAD_3D::copy(&p.tma_v, pipe_kv.producer_get_barrier(kv_state), kHint,
+                               ss.v.data() + c * kBlockN * 64, c * 64, it.tile * kBlockN,
+                               it.kv_head);
+      }
+      ++kv_state;
+      for (int j = 0; j < p.group; ++j) {
+        const int hq = it.kv_head * p.group + j;
+        for (int e = it.e_begin; e < it.e_end; ++e) {
+          const WorkEntry entry = p.work.entries[e];
+          for (int c0 = int(entry.begin); c0 < int(entry.end); c0 += kBlockM) {
+            pipe_q.producer_acquire(q_state);
+            auto* bar_q = pipe_q.producer_get_barrier(q_state);
+            Element* q_dst = ss.q.data() + q_state.index() * kBlockM * kHeadDim;
+            for (int c = 0; c < Cfg::kPanels; ++c)
+              SM90_TMA_LOAD_3D::copy(&p.tma_q, bar_q, kHint, q_dst + c * kBlockM * 64, c * 64, c0,
+                                     hq);
+            const std::int64_t stats = hq * p.stats_stride + (c0 & ~3);
+            SM90_BULK_COPY_G2S::copy(p.lse2 + stats, bar_q,
+                                     ss.lse2.data() + q_state.index() * kBwdStatsLoad,
+                                     Cfg::kStatsBytes);
+            ++q_state;
+            pipe_do.producer_acquire(do_state);
+            auto* bar_do = pipe_do.producer_get_barrier(do_state);
+            Element* do_dst = ss.dout.data() + do_state.index() * kBlockM * kHeadDim;
+            for (int c = 0; c < Cfg::kPanels; ++c)
+              SM90_TMA_LOAD_3D::copy(&p.tma_do, bar_do, kHint, do_dst + c * kBlockM * 64, c * 64,
+                                     c0, hq);
+            SM90_BULK_COPY_G2S::copy(p.delta + stats, bar_do,
+                                     ss.delta.data() + do_state.index() * kBwdStatsLoad,
+                                     Cfg::kStatsBytes);
+            ++do_state;
+          }
+        }
+      }
+    }
+    return;
+  }
+
+  // ---- consumers ----
+  cutlass::arch::warpgroup_reg_alloc<Cfg::kConsumerRegs>();
+  const int ctid = threadIdx.x - 128;  // 0..255 over both consumer warp groups
+  const int half = wg - 1;             // which 64 keys of the tile (and half of D for dQ)
+  typename Cfg::MmaSdP mma_sdp;
+  typename Cfg::MmaKV mma_kv;
+  typename Cfg::MmaDQ mma_dq;
+  auto thr_sdp = mma_sdp.get_thread_slice(ctid);
+  auto thr_kv = mma_kv.get_thread_slice(ctid);
+  auto thr_dq = mma_dq.get_thread_slice(ctid);
+
+  Tensor tdVrdV = partition_fragment_C(mma_kv, select<0, 1>(typename Cfg::TileKV{}));
+  Tensor tdKrdK = partition_fragment_C(mma_kv, select<0, 1>(typename Cfg::TileKV{}));
+  // P^T and dS^T in the A-operand register layout of dV and dK: ((2,2,2), 1, kBlockM/16). As in
+  // the forward, element i of the S^T accumulator is element i of this layout.
+  using ALayout = Layout<Shape<Shape<_2, _2, _2>, _1, Int<kBlockM / 16>>>;
+  Tensor tKVrP = make_tensor<Element>(ALayout{});
+  Tensor tKVrdS = make_tensor<Element>(ALayout{});
+  static_assert(size(tdVrdV) == kHeadDim / 2);
+
+  // dS^T to shared memory with transposing stmatrix, for the dQ product.
+  auto store_ds = make_tiled_copy_C(Copy_Atom<SM90_U16x8_STSM_T, Element>{}, mma_sdp);
+  auto thr_store_ds = store_ds.get_thread_slice(ctid);
+
+  // This thread's rows and columns in the accumulator layout of a 64xN wgmma: rows r and r + 8
+  // (keys of S^T, dK, dV; q rows of dQ), columns col_base + 8 j + {0, 1}.
+  const int lane = threadIdx.x % 32;
+  const int row_in_group = ((threadIdx.x / 32) % 4) * 16 + lane / 4;
+  const int col_base = 2 * (lane % 4);
+  constexpr float kNegInf = -INFINITY;
+
+  typename PipelineQ::PipelineState q_state, do_state;
+  typename PipelineKV::PipelineState kv_state;
+  typename PipelineItem::PipelineState item_state;
+  int ds_stage = 0;
+
+  auto convert = [](auto const& from, auto& to) {
+    constexpr int n = decltype(size(from))::value;
+    cutlass::NumericArrayConverter<Element, float, n> conv;
+    *reinterpret_cast<cutlass::Array<Element, n>*>(to.data()) =
+        conv(*reinterpret_cast<const cutlass::Array<float, n>*>(from.data()));
+  };
+  auto issue_ss = [](auto& mma, auto const& a, auto const& b, auto& c) {
+    warpgroup_fence_operand(c);
+    warpgroup_arrive();
+    detail::issue_gemm<true>(mma, a, b, c);
+    warpgroup_commit_batch();
+  };
+  auto issue_rs = [](auto& mma, auto& a, auto const& b, auto& c) {
+    warpgroup_fence_operand(c);
+    warpgroup_fence_operand(a);
+    warpgroup_arrive();
+    detail::issue_gemm<false>(mma, a, b, c);
+    warpgroup_commit_batch();
+  };
+
+  // One q block [c0, c0 + kBlockM) of q head hq against this group's 64 keys.
+  auto block = [&](int hq, int c0, const WorkEntry& entry, int key0) {
+    // Accumulators of this block only, declared here so that they are dead between blocks (the
+    // wgmma operands read them even when they overwrite them).
+    Tensor tSrS = partition_fragment_C(mma_sdp, select<0, 1>(typename Cfg::TileSdP{}));
+    Tensor tSrdP = partition_fragment_C(mma_sdp, select<0, 1>(typename Cfg::TileSdP{}));
+    Tensor tdQrdQ = partition_fragment_C(mma_dq, select<0, 1>(typename Cfg::TileDQ{}));
+    static_assert(size(tSrS) == kBlockM / 2 && size(tdQrdQ) == kHeadDim / 4);
+    // The shared-memory operands, described here rather than once per kernel: hoisted out of
+    // the loop, their wgmma descriptors (eight operands, one 64-bit descriptor per k step) would
+    // not fit in registers beside the accumulators and would be spilled. The opaque zero keeps
+    // the compiler from hoisting them.
+    const int z = detail::opaque_zero();
+    auto smem = [z](auto* data, auto layout) {
+      return make_tensor(make_smem_ptr(data + z), layout);
+    };
+    Tensor tSrK = thr_sdp.partition_fragment_A(smem(ss.k.data(), typename Cfg::SmemLayoutKV{}));
+    Tensor tSrQ = thr_sdp.partition_fragment_B(smem(ss.q.data(), typename Cfg::SmemLayoutQ{}));
+    Tensor tSrV = thr_sdp.partition_fragment_A(smem(ss.v.data(), typename Cfg::SmemLayoutKV{}));
+    Tensor tSrdO = thr_sdp.partition_fragment_B(smem(ss.dout.data(), typename Cfg::SmemLayoutQ{}));
+    Tensor tKVrdO = thr_kv.partition_fragment_B(smem(ss.dout.data(), typename Cfg::SmemLayoutQt{}));
+    Tensor tKVrQ = thr_kv.partition_fragment_B(smem(ss.q.data(), typename Cfg::SmemLayoutQt{}));
+    Tensor tDQrdS = thr_dq.partition_fragment_A(smem(ss.ds.data(), typename Cfg::SmemLayoutDs{}));
+    Tensor tDQrK = thr_dq.partition_fragment_B(smem(ss.k.data(), typename Cfg::SmemLayoutKt{}));
+    Tensor tDSsdS = thr_store_ds.partition_D(
+        as_position_independent_swizzle_tensor(smem(ss.ds.data(), typename Cfg::SmemLayoutDst{})));
+    pipe_q.consumer_wait(q_state);
+    issue_ss(mma_sdp, tSrK, tSrQ(_, _, _, q_state.index()), tSrS);
+    pipe_do.consumer_wait(do_state);
+    issue_ss(mma_sdp, tSrV, tSrdO(_, _, _, do_state.index()), tSrdP);
+    warpgroup_wait<1>();
+    warpgroup_fence_operand(tSrS);
+
+    // Softcap (t kept implicitly: recomputed from P for the gradient), mask, exponentiate.
+    if (p.softcap > 0.f) {
+      CUTLASS_PRAGMA_UNROLL
+      for (int x = 0; x < size(tSrS); ++x)
+        tSrS(x) =
+            detail::softcap_from_exp(detail::exp2_approx(tSrS(x) * p.softcap_scale), p.softcap) *
+            kLog2e;
+    } else {
+      CUTLASS_PRAGMA_UNROLL
+      for (int x = 0; x < size(tSrS); ++x) tSrS(x) *= p.scale_log2;
+    }
+    const int end = int(entry.end);
+    if (entry.mask != EntryMask::kNone || c0 + kBlockM > end || key0 + kBlockN > p.seqlen_k) {
+      const Band band = p.work.bands[entry.band];
+      CUTLASS_PRAGMA_UNROLL
+      for (int h = 0; h < 2; ++h) {
+        const int key = key0 + 64 * half + row_in_group + 8 * h;
+        BlockColumns cols = attended_columns(band, entry.mask, key, c0, end, kBlockM);
+        if (key >= p.seqlen_k) cols = {0, 0};
+        const int lo = int(cols.lo) - col_base, hi = int(cols.hi) - col_base;
+        CUTLASS_PRAGMA_UNROLL
+        for (int j = 0; j < kBlockM / 8; ++j) CUTLASS_PRAGMA_UNROLL
+        for (int c = 0; c < 2; ++c)
+          if (8 * j + c < lo || 8 * j + c >= hi) tSrS(c + 2 * h + 4 * j) = kNegInf;
+      }
+    }
+    // This thread's columns of the statistics (the copy started up to 3 rows early).
+    const float* lse2 = ss.lse2.data() + q_state.index() * kBwdStatsLoad + (c0 & 3) + col_base;
+    CUTLASS_PRAGMA_UNROLL
+    for (int j = 0; j < kBlockM / 8; ++j) CUTLASS_PRAGMA_UNROLL
+    for (int c = 0; c < 2; ++c) {
+      const float l = lse2[8 * j + c];
+      CUTLASS_PRAGMA_UNROLL
+      for (int h = 0; h < 2; ++h)
+        tSrS(c + 2 * h + 4 * j) = detail::exp2_approx(tSrS(c + 2 * h + 4 * j) - l);
+    }
+
+    warpgroup_wait<0>();
+    warpgroup_fence_operand(tSrdP);
+    const float* delta = ss.delta.data() + do_state.index() * kBwdStatsLoad + (c0 & 3) + col_base;
+    CUTLASS_PRAGMA_UNROLL
+    for (int j = 0; j < kBlockM / 8; ++j) CUTLASS_PRAGMA_UNROLL
+    for (int c = 0; c < 2; ++c) {
+      const float d = delta[8 * j + c];
+      CUTLASS_PRAGMA_UNROLL
+      for (int h = 0; h < 2; ++h) {
+        const int x = c + 2 * h + 4 * j;
+        const float pv = tSrS(x);
+        float ds = pv * (tSrdP(x) - d);
+        if (p.softcap > 0.f) {
+          // s log2(e) = log2(P) + lse2, t = s / softcap; a masked pair (P = 0) has no gradient.
+          const float t = (detail::log2_approx(pv) + lse2[8 * j + c]) * (kLn2 / p.softcap);
+          ds = pv > 0.f ? ds * (1.f - t * t) : 0.f;
+        }
+        tSrdP(x) = ds;
+      }
+    }
+    convert(tSrS, tKVrP);
+    convert(tSrdP, tKVrdS);
+
+    // dV += P^T dO while dS^T goes to shared memory for dQ.
+    issue_rs(mma_kv, tKVrP, tKVrdO(_, _, _, do_state.index()), tdVrdV);
+    {
+      Tensor rdS = make_tensor(tKVrdS.data(), tSrdP.layout());  // the accumulator's shape
+      copy(store_ds, thr_store_ds.retile_S(rdS), tDSsdS(_, _, _, ds_stage));
+    }
+    cutlass::arch::fence_view_async_shared();  // the writes, visible to the tensor cores
+    cutlass::arch::NamedBarrier::sync(256, static_cast<std::uint32_t>(BwdBarrier::kDsReady));
+    issue_ss(mma_dq, tDQrdS(_, _, _, ds_stage), tDQrK, tdQrdQ);
+    issue_rs(mma_kv, tKVrdS, tKVrQ(_, _, _, q_state.index()), tdKrdK);
+    warpgroup_wait<1>();  // dV and dQ done (groups complete in order)
+    warpgroup_fence_operand(tdQrdQ);
+    pipe_do.consumer_release(do_state);
+    ++do_state;
+
+    // dQ into the accumulator: rows c0 + r, this group's half of the head dimension.
+    CUTLASS_PRAGMA_UNROLL
+    for (int h = 0; h < 2; ++h) {
+      const int q = c0 + row_in_group + 8 * h;
+      if (q >= end || q >= p.seqlen_q) continue;
+      float* row = p.dq_accum + (std::int64_t(q) * p.heads_q + hq) * kHeadDim +
+                   half * (kHeadDim / 2) + col_base;
+      CUTLASS_PRAGMA_UNROLL
+      for (int j = 0; j < kHeadDim / 16; ++j)
+        atomicAdd(reinterpret_cast<float2*>(row + 8 * j),
+                  make_float2(tdQrdQ(2 * h + 4 * j), tdQrdQ(1 + 2 * h + 4 * j)));
+    }
+    warpgroup_wait<0>();  // dK done: Q is no longer read
+    warpgroup_fence_operand(tdKrdK);
+    pipe_q.consumer_release(q_state);
+    ++q_state;
+    ds_stage ^= 1;
+  };
+
+  // dK (scaled) and dV of the item's keys, from registers; rows past the keys are not written.
+  auto epilogue = [&](const detail::BwdItem& it) {
+    using Pair = cutlass::Array<Element, 2>;
+    CUTLASS_PRAGMA_UNROLL
+    for (int h = 0; h < 2; ++h) {
+      const int key = it.tile * kBlockN + 64 * half + row_in_group + 8 * h;
+      if (key >= p.seqlen_k) continue;
+      Element* dk = static_cast<Element*>(p.dk) + std::int64_t(key) * p.dk_stride_t +
+                    std::int64_t(it.kv_head) * p.dk_stride_h + col_base;
+      Element* dv = static_cast<Element*>(p.dv) + std::int64_t(key) * p.dv_stride_t +
+                    std::int64_t(it.kv_head) * p.dv_stride_h + col_base;
+      CUTLASS_PRAGMA_UNROLL
+      for (int j = 0; j < kHeadDim / 8; ++j) {
+        Pair k2, v2;
+        k2[0] = Element(tdKrdK(2 * h + 4 * j) * p.scale);
+        k2[1] = Element(tdKrdK(1 + 2 * h + 4 * j) * p.scale);
+        v2[0] = Element(tdVrdV(2 * h + 4 * j));
+        v2[1] = Element(tdVrdV(1 + 2 * h + 4 * j));
+        *reinterpret_cast<Pair*>(dk + 8 * j) = k2;
+        *reinterpret_cast<Pair*>(dv + 8 * j) = v2;
+      }
+    }
+  };
+
+  for (;;) {
+    pipe_item.consumer_wait(item_state);
+    const int i = ss.item[item_state.index()];
+    pipe_item.consumer_release(item_state);
+    ++item_state;
+    if (i >= p.items) break;
+    const detail::BwdItem it = detail::decode_bwd_item(p, i);
+    clear(tdKrdK);
+    clear(tdVrdV);
+    if (it.e_begin != it.e_end) {
+      const int key0 = it.tile * kBlockN;
+      pipe_kv.consumer_wait(kv_state);
+      for (int j = 0; j < p.group; ++j) {
+        const int hq = it.kv_head * p.group + j;
+        for (int e = it.e_begin; e < it.e_end; ++e) {
+          const WorkEntry entry = p.work.entries[e];
+          for (int c0 = int(entry.begin); c0 < int(entry.end); c0 += kBlockM)
+            block(hq, c0, entry, key0);
+        }
+      }
+      pipe_kv.consumer_release(kv_state);
+      ++kv_state;
+    }
+    epilogue(it);
+  }
+}
+
+}  // namespace flexcp::sm90

@@ -1,0 +1,63 @@
+// What the host passes to the sm90 backward's kernels: plain data, shared by the host code (.cc)
+// and the kernels (.cu). Tile sizes are in kernels/tiles.h, the scratch layout in bwd_scratch.h.
+#pragma once
+
+#include <cuda.h>  // CUtensorMap (a header-only type)
+
+#include <cstdint>
+
+#include "kernels/plan/workspace.h"
+#include "kernels/sm90/bwd_scratch.h"
+#include "kernels/tiles.h"
+
+namespace flexcp::sm90 {
+
+// One CTA owns kBwdBlockN keys of one kv head (two consumer warp groups of 64 keys each) and
+// walks the q blocks of kBwdBlockM rows its column-major work list names, for every q head of the
+// group.
+inline constexpr int kBwdBlockM = tiles::kSm90BwdBlockM;
+inline constexpr int kBwdBlockN = tiles::kSm90BwdBlockN;
+inline constexpr int kBwdStatsLoad = kBwdStatsSpan;
+
+struct BwdParams {
+  // q and dout as {D, Tq, Hq}, boxes of {64, kBwdBlockM, 1}; k and v as {D, Tk, Hk}, boxes of
+  // {64, kBwdBlockN, 1}; 128-byte swizzle, out-of-bounds rows read as zeros.
+  CUtensorMap tma_q;
+  CUtensorMap tma_do;
+  CUtensorMap tma_k;
+  CUtensorMap tma_v;
+  // The row statistics (bwd_scratch.h), [Hq, stats_stride] fp32, read with plain bulk copies of
+  // kBwdStatsLoad values from the 16-byte boundary at or below a block's first row.
+  const float* lse2 = nullptr;
+  const float* delta = nullptr;
+  std::int64_t stats_stride = 0;
+
+  // dK and dV, [Tk, Hk, D] with a unit stride along D, written once per (key tile, kv head).
+  void* dk = nullptr;
+  void* dv = nullptr;
+  std::int64_t dk_stride_t = 0, dk_stride_h = 0;
+  std::int64_t dv_stride_t = 0, dv_stride_h = 0;
+  // The fp32 dQ accumulator, [Tq, Hq, D] contiguous, zeroed by the preprocessing kernel.
+  float* dq_accum = nullptr;
+
+  // The plan's column-major work list (tiles of kBwdBlockN keys, intervals of q rows) in its
+  // workspace, with the scheduler's counters (as in the forward).
+  DeviceWorkList work;
+
+  int num_tiles = 0;
+  int seqlen_q = 0;
+  int seqlen_k = 0;
+  int heads_q = 0;
+  int group = 1;  // q heads per kv head
+  int items = 0;  // num_tiles * heads_kv
+
+  // P = 2^(s * log2(e) - lse2): without softcap s * log2(e) = q.k * scale_log2; with softcap,
+  // s = softcap * tanh(q.k * scale / softcap), t = tanh from 2^(q.k * softcap_scale), and the
+  // gradient of s carries (1 - t^2). dK is scaled by `scale` here, dQ by the postprocessing.
+  float scale = 0.f;
+  float scale_log2 = 0.f;
+  float softcap = 0.f;
+  float softcap_scale = 0.f;
+};
+
+}  // namespace flexcp::sm90

@@ -1,0 +1,48 @@
+// The sm90 backward's scratch in a plan's workspace, after the work lists: the per-row statistics
+// the preprocessing kernel writes, the fp32 dQ accumulator, and the sink gradient's partial sums.
+// Plain C++ (the plan lays it out in builds without CUDA too).
+#pragma once
+
+#include <cstdint>
+
+#include "flexcp/attention_plan.h"
+#include "kernels/plan/workspace.h"
+#include "kernels/tiles.h"
+
+namespace flexcp::sm90 {
+
+// Row statistics a q block reads: its kSm90BwdBlockM rows from the 16-byte boundary at or below
+// its first row (bulk copies need 16-byte aligned sources), so up to 3 more.
+inline constexpr int kBwdStatsSpan = tiles::kSm90BwdBlockM + 4;
+
+struct BwdScratch {
+  // lse2 = lse * log2(e) (+inf for a row that attends nothing, so that 2^(s - lse2) is 0 even for
+  // s = -inf) and delta = <dout, out>, both [Hq, stats_stride] fp32: per head one run of tokens,
+  // which the kernel reads kBwdStatsSpan at a time from a 16-byte boundary; the rows past seqlen_q
+  // (lse2 +inf, delta 0) keep every such read inside its head's row.
+  float* lse2 = nullptr;
+  float* delta = nullptr;
+  std::int64_t stats_stride = 0;  // seqlen_q rounded up to 4, plus kBwdStatsSpan
+  // [Tq, Hq, D] fp32, zeroed by the preprocessing kernel, summed into by the main kernel.
+  float* dq_accum = nullptr;
+  // -sum over a block of kSm90BwdBlockM rows of exp(sink - lse) delta: [Hq, stats_blocks], summed
+  // in a fixed order by the postprocessing (so that dsink is deterministic).
+  float* dsink_partial = nullptr;
+  std::int64_t stats_blocks = 0;
+};
+
+inline BwdScratch lay_out_bwd_scratch(const AttentionShape& s, WorkspaceWriter& writer) {
+  BwdScratch b;
+  b.stats_stride = (s.seqlen_q + 3) / 4 * 4 + kBwdStatsSpan;
+  b.stats_blocks = (s.seqlen_q + tiles::kSm90BwdBlockM - 1) / tiles::kSm90BwdBlockM;
+  const auto stats = static_cast<std::size_t>(s.heads_q * b.stats_stride);
+  b.lse2 = writer.scratch<float>("backward lse2", stats);
+  b.delta = writer.scratch<float>("backward delta", stats);
+  b.dq_accum = writer.scratch<float>("backward dQ accumulator",
+                                     static_cast<std::size_t>(s.seqlen_q * s.heads_q * s.head_dim));
+  b.dsink_partial = writer.scratch<float>("backward dsink partials",
+                                          static_cast<std::size_t>(s.heads_q * b.stats_blocks));
+  return b;
+}
+
+}  // namespace flexcp::sm90

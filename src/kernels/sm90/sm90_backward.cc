@@ -1,0 +1,135 @@
+#include "kernels/sm90/sm90_backward.h"
+
+#include <cuda_runtime.h>
+
+#include <cmath>
+#include <string>
+
+#include "flexcp/status.h"
+#include "kernels/cuda/runtime.h"
+#include "kernels/lse_merge.h"
+#include "kernels/sm90/bwd_params.h"
+#include "kernels/sm90/bwd_rowstats.h"
+#include "kernels/sm90/sm90_host.h"
+
+namespace flexcp::sm90 {
+
+// One declaration per generated instance file (src/CMakeLists.txt writes the list).
+#define FLEXCP_SM90_INSTANCE(dt, dtype_enum, hd) \
+  void launch_backward_##dt##_hd##hd(const BwdParams&, int, cudaStream_t);
+#include "kernels/sm90/bwd_instances.inc"
+#undef FLEXCP_SM90_INSTANCE
+
+namespace {
+
+constexpr const char* kFn = "flexcp::backward";
+
+using Launcher = void (*)(const BwdParams&, int, cudaStream_t);
+
+Launcher find_launcher(DType dtype, std::int64_t head_dim) {
+#define FLEXCP_SM90_INSTANCE(dt, dtype_enum, hd) \
+  if (dtype == DType::dtype_enum && head_dim == hd) return &launch_backward_##dt##_hd##hd;
+#include "kernels/sm90/bwd_instances.inc"
+#undef FLEXCP_SM90_INSTANCE
+  return nullptr;
+}
+
+}  // namespace
+
+void backward(const CallShape& s, const AttentionPlan::Impl& plan, const TensorView& dout,
+              const TensorView& q, const TensorView& k, const TensorView& v, const TensorView& out,
+              const TensorView& lse, const TensorView& dq, const TensorView& dk,
+              const TensorView& dv, const AttentionOptions& options, const TensorView& dsink) {
+  const Launcher launch = find_launcher(s.dtype, s.head_dim);
+  if (launch == nullptr)  // the plan checked this when it was built
+    throw Error(Status::kInternal, std::string(kFn) + ": a CUDA plan without its kernel");
+  if (!plan.backward)
+    throw Error(
+        Status::kInvalidUsage,
+        std::string(kFn) +
+            ": the plan was built for the forward only (AttentionPlanOptions::backward = false)");
+  if (plan.workspace == nullptr)
+    throw Error(Status::kInvalidUsage,
+                std::string(kFn) +
+                    ": the plan has no device workspace; bind one first "
+                    "(AttentionPlan::bind_workspace with workspace_bytes() = " +
+                    std::to_string(plan.workspace_bytes) + " bytes of device memory)");
+  for (auto [name, t] : {std::pair{"dout", &dout},
+                         {"q", &q},
+                         {"k", &k},
+                         {"v", &v},
+                         {"out", &out},
+                         {"dq", &dq},
+                         {"dk", &dk},
+                         {"dv", &dv}})
+    check_layout(kFn, name, *t);
+  const cuda::DeviceGuard guard(s.device_index, kFn);
+  const int sms = check_device(kFn, s.device_index);
+  const auto stream = static_cast<cudaStream_t>(options.cuda_stream);
+  const bool bf16 = s.dtype == DType::kBFloat16;
+  const BwdScratch& scratch = plan.scratch;
+
+  RowStatsParams rs;
+  rs.scratch = scratch;
+  rs.out = out.data;
+  rs.dout = dout.data;
+  rs.out_stride_t = out.strides[0];
+  rs.out_stride_h = out.strides[1];
+  rs.dout_stride_t = dout.strides[0];
+  rs.dout_stride_h = dout.strides[1];
+  rs.lse = static_cast<const float*>(lse.data);
+  rs.lse_stride_t = lse.strides[0];
+  rs.lse_stride_h = lse.strides[1];
+  rs.dq = dq.data;
+  rs.dq_stride_t = dq.strides[0];
+  rs.dq_stride_h = dq.strides[1];
+  if (!options.sink.empty() && !dsink.empty()) {
+    rs.sink = static_cast<const float*>(options.sink.data);
+    rs.dsink = static_cast<float*>(dsink.data);
+    rs.dsink_stride = dsink.strides[0];
+  }
+  rs.seqlen_q = s.seqlen_q;
+  rs.heads_q = s.heads_q;
+  rs.head_dim = static_cast<int>(s.head_dim);
+  rs.scale = static_cast<float>(s.scale);
+  cuda::check(launch_bwd_preprocess(rs, bf16, stream), kFn, "launching the row statistics");
+
+  BwdParams p{};
+  const WorkList& list = plan.cols;
+  p.num_tiles = static_cast<int>(list.num_tiles());
+  // Fits in 32 bits: the plan checked the item count when it was built.
+  p.items = p.num_tiles * static_cast<int>(s.heads_kv);
+  if (p.items > 0) {
+    if (s.seqlen_q > 0) {
+      p.tma_q = tensor_map(kFn, "q", q, kBwdBlockM, 1);
+      p.tma_do = tensor_map(kFn, "dout", dout, kBwdBlockM, 1);
+    }
+    p.tma_k = tensor_map(kFn, "k", k, kBwdBlockN, 1);
+    p.tma_v = tensor_map(kFn, "v", v, kBwdBlockN, 1);
+    p.dk = dk.data;
+    p.dv = dv.data;
+    p.dk_stride_t = dk.strides[0];
+    p.dk_stride_h = dk.strides[1];
+    p.dv_stride_t = dv.strides[0];
+    p.dv_stride_h = dv.strides[1];
+    p.dq_accum = scratch.dq_accum;
+    p.lse2 = scratch.lse2;
+    p.delta = scratch.delta;
+    p.stats_stride = scratch.stats_stride;
+    p.work = plan.device_cols;
+    p.seqlen_q = static_cast<int>(s.seqlen_q);
+    p.seqlen_k = static_cast<int>(s.seqlen_k);
+    p.heads_q = static_cast<int>(s.heads_q);
+    p.group = static_cast<int>(s.group());
+    p.scale = static_cast<float>(s.scale);
+    if (options.softcap > 0) {
+      p.softcap = static_cast<float>(options.softcap);
+      p.softcap_scale = static_cast<float>(2 * kLog2e * s.scale / options.softcap);
+    }
+    p.scale_log2 = static_cast<float>(s.scale * kLog2e);
+    launch(p, std::min(sms, p.items), stream);
+  }
+  cuda::check(launch_bwd_postprocess(rs, bf16, sms, stream), kFn, "launching dq and dsink");
+}
+
+}  // namespace flexcp::sm90

@@ -1,0 +1,24 @@
+// Host-side pieces both sm90 directions use: tensor-memory-accelerator descriptors, the layout
+// checks TMA and the kernels' stores need, and the device check. Errors name the entry (`fn`).
+#pragma once
+
+#include <cuda.h>
+
+#include <cstdint>
+#include <string>
+
+#include "flexcp/tensor.h"
+
+namespace flexcp::sm90 {
+
+// t ([T, H, D], bf16 or fp16) viewed as {D, T, H} (innermost first), read in boxes of {64,
+// box_rows, box_heads}, 128-byte swizzle; out-of-bounds rows read as zeros.
+CUtensorMap tensor_map(const std::string& fn, const char* name, const TensorView& t,
+                       std::uint32_t box_rows, std::uint32_t box_heads);
+// A unit stride along D, a 16-byte aligned data pointer and token/head strides (TMA, and the
+// kernels' vector stores).
+void check_layout(const std::string& fn, const char* name, const TensorView& t);
+// The device is an sm_90 one (what the kernels are built for); returns its multiprocessor count.
+int check_device(const std::string& fn, int device_index);
+
+}  // namespace flexcp::sm90
