@@ -15,21 +15,12 @@ using test::cuda_ok;
 using test::DeviceCopy;
 using test::Tensor;
 
-struct Case {
-  std::string name;
-  std::int64_t tq, tk, hq, hk, d;
-  DType dtype = DType::kBFloat16;
-  double softcap = 0.0;
-  bool sink = false;
-  double scale = 0.0;
-};
-
 struct Inputs {
   Tensor q, k, v, dout, sink;
   AttentionOptions options;
 };
 
-Inputs make_inputs(const Case& c, std::mt19937_64& rng) {
+Inputs make_inputs(const test::KernelCase& c, std::mt19937_64& rng) {
   Inputs in{test::random_tensor(rng, c.dtype, {c.tq, c.hq, c.d}, 2.0),
             test::random_tensor(rng, c.dtype, {c.tk, c.hk, c.d}, 2.0),
             test::random_tensor(rng, c.dtype, {c.tk, c.hk, c.d}),
@@ -50,7 +41,7 @@ Inputs make_inputs(const Case& c, std::mt19937_64& rng) {
 struct DeviceGrads {
   Tensor dq, dk, dv, dsink;
 };
-DeviceGrads run_on_device(const Case& c, const Inputs& in, const Mask& mask) {
+DeviceGrads run_on_device(const test::KernelCase& c, const Inputs& in, const Mask& mask) {
   DeviceGrads g{Tensor(c.dtype, {c.tq, c.hq, c.d}), Tensor(c.dtype, {c.tk, c.hk, c.d}),
                 Tensor(c.dtype, {c.tk, c.hk, c.d}), Tensor(DType::kFloat32, {c.hq})};
   const Tensor out(c.dtype, {c.tq, c.hq, c.d}), lse(DType::kFloat32, {c.tq, c.hq});
@@ -69,7 +60,7 @@ DeviceGrads run_on_device(const Case& c, const Inputs& in, const Mask& mask) {
   return g;
 }
 
-void check_case(const Case& c, const Mask& mask, std::mt19937_64& rng) {
+void check_case(const test::KernelCase& c, const Mask& mask, std::mt19937_64& rng) {
   SCOPED_TRACE(c.name + " tq=" + std::to_string(c.tq) + " tk=" + std::to_string(c.tk) +
                " hq=" + std::to_string(c.hq) + " hk=" + std::to_string(c.hk) +
                " d=" + std::to_string(c.d) + " dtype=" + dtype_name(c.dtype));
@@ -105,51 +96,25 @@ void check_case(const Case& c, const Mask& mask, std::mt19937_64& rng) {
 TEST(Sm90Backward, StandardMasks) {
   SKIP_WITHOUT_GPU();
   std::mt19937_64 rng(81);
-  check_case({"causal", 1024, 1024, 2, 2, 128}, masks::causal(1024, 1024), rng);
-  check_case({"full-cross", 113, 1023, 8, 2, 64, DType::kFloat16}, masks::full(113, 1023), rng);
-  check_case({"varlen-causal", 777, 777, 8, 1, 128}, masks::varlen_causal({300, 1, 129, 200, 147}),
-             rng);
-  check_case({"sliding-window", 1000, 1000, 6, 2, 128, DType::kFloat16},
-             masks::sliding_window({1000}, 100, masks::WindowKind::kCausal), rng);
-  check_case({"block-causal", 900, 900, 4, 4, 64}, masks::block_causal({500, 400}, 128), rng);
-  check_case({"prefix-lm", 600, 600, 2, 1, 128}, masks::prefix_lm({350, 250}, {100, 7}), rng);
+  test::standard_masks(check_case, rng);
 }
 
 TEST(Sm90Backward, RandomSliceSetsAwkwardSizesAndGqa) {
   SKIP_WITHOUT_GPU();
   std::mt19937_64 rng(82);
-  const std::int64_t sizes[][2] = {{1, 1}, {113, 239}, {239, 113}, {1023, 300}, {65, 1}, {1, 130}};
-  const std::int64_t heads[][2] = {{1, 1}, {2, 1}, {8, 1}, {12, 4}, {16, 2}};
-  int i = 0;
-  for (auto [tq, tk] : sizes)
-    for (auto [hq, hk] : heads) {
-      const DType dtype = (i % 3 == 0) ? DType::kFloat16 : DType::kBFloat16;
-      check_case({"random", tq, tk, hq, hk, (i++ % 2) ? 64 : 128, dtype},
-                 test::random_mask(rng, tq, tk), rng);
-    }
+  test::random_slice_sets(check_case, rng);
 }
 
 TEST(Sm90Backward, SoftcapSinkAndScale) {
   SKIP_WITHOUT_GPU();
   std::mt19937_64 rng(83);
-  check_case({"softcap", 300, 300, 2, 1, 128, DType::kBFloat16, 5.0}, masks::causal(300, 300), rng);
-  check_case({"sink", 200, 170, 4, 2, 64, DType::kFloat16, 0.0, true},
-             test::random_mask(rng, 200, 170), rng);
-  check_case({"negative-scale", 257, 257, 4, 1, 128, DType::kBFloat16, 0.0, false, -0.1},
-             masks::causal(257, 257), rng);
-  check_case({"all", 150, 150, 4, 1, 64, DType::kBFloat16, 3.0, true, 0.3},
-             masks::sliding_window({150}, 17, masks::WindowKind::kCausal), rng);
+  test::softcap_sink_and_scale(check_case, rng);
 }
 
 TEST(Sm90Backward, FullyMaskedRowsAndEmptyMasks) {
   SKIP_WITHOUT_GPU();
   std::mt19937_64 rng(84);
-  const Mask holes(
-      330, 350, {{{0, 40}, {0, 60}, MaskType::kCausal}, {{190, 330}, {10, 320}, MaskType::kFull}});
-  check_case({"holes", 330, 350, 2, 1, 128}, holes, rng);
-  check_case({"holes-sink", 330, 350, 2, 1, 64, DType::kBFloat16, 0.0, true}, holes, rng);
-  check_case({"empty", 50, 60, 2, 2, 64}, Mask(50, 60, {}), rng);
-  check_case({"causal-tall", 290, 30, 2, 1, 128}, masks::causal(290, 30), rng);
+  test::fully_masked_rows_and_empty_masks(check_case, rng);
 }
 
 // Many items (33 key tiles x 8 kv heads, more than the SMs), so that the persistent walk wraps
@@ -166,7 +131,7 @@ TEST(Sm90Backward, LongVarlen) {
 TEST(Sm90Backward, KeyGradientsRepeatBitForBit) {
   SKIP_WITHOUT_GPU();
   std::mt19937_64 rng(86);
-  const Case c{"repeat", 700, 900, 8, 2, 128};
+  const test::KernelCase c{"repeat", 700, 900, 8, 2, 128};
   const Mask mask = test::random_mask(rng, c.tq, c.tk);
   const Inputs in = make_inputs(c, rng);
   const DeviceGrads a = run_on_device(c, in, mask), b = run_on_device(c, in, mask);
@@ -179,7 +144,7 @@ TEST(Sm90Backward, KeyGradientsRepeatBitForBit) {
 TEST(Sm90Backward, APlanBoundOnceRunsBothDirections) {
   SKIP_WITHOUT_GPU();
   std::mt19937_64 rng(87);
-  const Case c{"plan", 1500, 1500, 16, 2, 128};
+  const test::KernelCase c{"plan", 1500, 1500, 16, 2, 128};
   const Mask mask = masks::varlen_causal({600, 77, 823});
   const Inputs in = make_inputs(c, rng);
   const DeviceGrads want = run_on_device(c, in, mask);

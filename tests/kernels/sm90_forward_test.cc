@@ -17,16 +17,7 @@ using test::Tensor;
 using test::cuda_ok;
 using test::DeviceCopy;
 
-struct Case {
-  std::string name;
-  std::int64_t tq, tk, hq, hk, d;
-  DType dtype = DType::kBFloat16;
-  double softcap = 0.0;
-  bool sink = false;
-  double scale = 0.0;
-};
-
-void check_case(const Case& c, const Mask& mask, std::mt19937_64& rng) {
+void check_case(const test::KernelCase& c, const Mask& mask, std::mt19937_64& rng) {
   SCOPED_TRACE(c.name + " tq=" + std::to_string(c.tq) + " tk=" + std::to_string(c.tk) +
                " hq=" + std::to_string(c.hq) + " hk=" + std::to_string(c.hk) +
                " d=" + std::to_string(c.d) + " dtype=" + dtype_name(c.dtype));
@@ -73,51 +64,25 @@ void check_case(const Case& c, const Mask& mask, std::mt19937_64& rng) {
 TEST(Sm90Forward, StandardMasks) {
   SKIP_WITHOUT_GPU();
   std::mt19937_64 rng(71);
-  check_case({"causal", 1024, 1024, 2, 2, 128}, masks::causal(1024, 1024), rng);
-  check_case({"full-cross", 113, 1023, 8, 2, 64, DType::kFloat16}, masks::full(113, 1023), rng);
-  check_case({"varlen-causal", 777, 777, 8, 1, 128}, masks::varlen_causal({300, 1, 129, 200, 147}),
-             rng);
-  check_case({"sliding-window", 1000, 1000, 6, 2, 128, DType::kFloat16},
-             masks::sliding_window({1000}, 100, masks::WindowKind::kCausal), rng);
-  check_case({"block-causal", 900, 900, 4, 4, 64}, masks::block_causal({500, 400}, 128), rng);
-  check_case({"prefix-lm", 600, 600, 2, 1, 128}, masks::prefix_lm({350, 250}, {100, 7}), rng);
+  test::standard_masks(check_case, rng);
 }
 
 TEST(Sm90Forward, RandomSliceSetsAwkwardSizesAndGqa) {
   SKIP_WITHOUT_GPU();
   std::mt19937_64 rng(72);
-  const std::int64_t sizes[][2] = {{1, 1}, {113, 239}, {239, 113}, {1023, 300}, {65, 1}, {1, 130}};
-  const std::int64_t heads[][2] = {{1, 1}, {2, 1}, {8, 1}, {12, 4}, {16, 2}};
-  int i = 0;
-  for (auto [tq, tk] : sizes)
-    for (auto [hq, hk] : heads) {
-      const DType dtype = (i % 3 == 0) ? DType::kFloat16 : DType::kBFloat16;
-      check_case({"random", tq, tk, hq, hk, (i++ % 2) ? 64 : 128, dtype},
-                 test::random_mask(rng, tq, tk), rng);
-    }
+  test::random_slice_sets(check_case, rng);
 }
 
 TEST(Sm90Forward, SoftcapSinkAndScale) {
   SKIP_WITHOUT_GPU();
   std::mt19937_64 rng(73);
-  check_case({"softcap", 300, 300, 2, 1, 128, DType::kBFloat16, 5.0}, masks::causal(300, 300), rng);
-  check_case({"sink", 200, 170, 4, 2, 64, DType::kFloat16, 0.0, true},
-             test::random_mask(rng, 200, 170), rng);
-  check_case({"negative-scale", 257, 257, 4, 1, 128, DType::kBFloat16, 0.0, false, -0.1},
-             masks::causal(257, 257), rng);
-  check_case({"all", 150, 150, 4, 1, 64, DType::kBFloat16, 3.0, true, 0.3},
-             masks::sliding_window({150}, 17, masks::WindowKind::kCausal), rng);
+  test::softcap_sink_and_scale(check_case, rng);
 }
 
 TEST(Sm90Forward, FullyMaskedRowsAndEmptyMasks) {
   SKIP_WITHOUT_GPU();
   std::mt19937_64 rng(74);
-  const Mask holes(
-      330, 350, {{{0, 40}, {0, 60}, MaskType::kCausal}, {{190, 330}, {10, 320}, MaskType::kFull}});
-  check_case({"holes", 330, 350, 2, 1, 128}, holes, rng);
-  check_case({"holes-sink", 330, 350, 2, 1, 64, DType::kBFloat16, 0.0, true}, holes, rng);
-  check_case({"empty", 50, 60, 2, 2, 64}, Mask(50, 60, {}), rng);
-  check_case({"causal-tall", 290, 30, 2, 1, 128}, masks::causal(290, 30), rng);
+  test::fully_masked_rows_and_empty_masks(check_case, rng);
 }
 
 // Many tiles and every SM busy: a long varlen mask, so that the persistent walk wraps around.

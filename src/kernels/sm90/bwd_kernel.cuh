@@ -20,8 +20,11 @@
 #include <cute/tensor.hpp>
 #include <cutlass/pipeline/pipeline.hpp>
 
+#include "kernels/lse_merge.h"
 #include "kernels/sm90/bwd_params.h"
-#include "kernels/sm90/fwd_kernel.cuh"  // detail::issue_gemm, exp2_approx, softcap_from_exp
+#include "kernels/sm90/kernel_common.cuh"
+#include "kernels/sm90/tile_scheduler.cuh"
+#include "kernels/worklist/worklist.h"
 
 namespace flexcp::sm90 {
 
@@ -92,8 +95,8 @@ struct BwdConfig {
 
   using PipelineQ = cutlass::PipelineTmaAsync<kStages>;
   using PipelineKV = cutlass::PipelineTmaAsync<1>;
-  static constexpr int kItemStages = 2;
-  using PipelineItem = cutlass::PipelineAsync<kItemStages>;
+  using Items = ItemQueue<2>;  // item slots between the producer and the consumers
+  using PipelineItem = typename Items::Pipeline;
 
   struct SharedStorage {
     cute::array_aligned<Element, cute::cosize_v<SmemLayoutQ>, 1024> q;
@@ -106,8 +109,7 @@ struct BwdConfig {
     typename PipelineQ::SharedStorage pipe_q;
     typename PipelineQ::SharedStorage pipe_do;
     typename PipelineKV::SharedStorage pipe_kv;
-    typename PipelineItem::SharedStorage pipe_item;
-    int item[kItemStages];
+    typename Items::SharedStorage items;
   };
   static constexpr int kSmemBytes = int(sizeof(SharedStorage)) + 1024;
   static_assert(kSmemBytes <= 227 * 1024, "more shared memory than an sm_90 CTA may have");
@@ -132,20 +134,6 @@ __device__ __forceinline__ BwdItem decode_bwd_item(const BwdParams& p, int i) {
   it.e_begin = int(p.work.tile_offsets[it.tile]);
   it.e_end = int(p.work.tile_offsets[it.tile + 1]);
   return it;
-}
-
-// Zero, as a value the compiler cannot see through (so that what is computed from it stays in
-// the loop that computes it).
-__device__ __forceinline__ int opaque_zero() {
-  int z;
-  asm volatile("mov.u32 %0, 0;" : "=r"(z));
-  return z;
-}
-
-__device__ __forceinline__ float log2_approx(float x) {
-  float y;
-  asm("lg2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
-  return y;
 }
 
 }  // namespace detail
@@ -190,7 +178,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
       producer ? PipelineItem::ThreadCategory::Producer : PipelineItem::ThreadCategory::Consumer;
   ip.producer_arv_count = 1;
   ip.consumer_arv_count = 128 * Cfg::kConsumers;
-  PipelineItem pipe_item(ss.pipe_item, ip);
+  PipelineItem pipe_item(ss.items.pipe, ip);
   __syncthreads();  // barriers initialised before anyone waits on them
 
   if (producer) {
@@ -207,18 +195,11 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
     auto do_state = cutlass::make_producer_start_state<PipelineQ>();
     auto kv_state = cutlass::make_producer_start_state<PipelineKV>();
     auto item_state = cutlass::make_producer_start_state<PipelineItem>();
-    for (int i = blockIdx.x;; i = gridDim.x + atomicAdd(p.work.scheduler, 1)) {
-      pipe_item.producer_acquire(item_state);
-      ss.item[item_state.index()] = i;
-      pipe_item.producer_commit(item_state);
-      ++item_state;
+    using Items = typename Cfg::Items;
+    for (int i = blockIdx.x;; i = Items::next(p.work.scheduler)) {
+      Items::publish(pipe_item, item_state, ss.items, i);
       if (i >= p.items) {
-        // As in the forward: the last CTA to count itself out resets the counters.
-        __threadfence();
-        if (atomicAdd(p.work.scheduler + 1, 1) == int(gridDim.x) - 1) {
-          atomicExch(p.work.scheduler, 0);
-          atomicExch(p.work.scheduler + 1, 0);
-        }
+        Items::retire(p.work.scheduler);
         break;
       }
       const detail::BwdItem it = detail::decode_bwd_item(p, i);
@@ -474,10 +455,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
   };
 
   for (;;) {
-    pipe_item.consumer_wait(item_state);
-    const int i = ss.item[item_state.index()];
-    pipe_item.consumer_release(item_state);
-    ++item_state;
+    const int i = Cfg::Items::take(pipe_item, item_state, ss.items);
     if (i >= p.items) break;
     const detail::BwdItem it = detail::decode_bwd_item(p, i);
     clear(tdKrdK);

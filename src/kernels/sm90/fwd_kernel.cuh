@@ -18,6 +18,8 @@
 
 #include "kernels/lse_merge.h"
 #include "kernels/sm90/fwd_params.h"
+#include "kernels/sm90/kernel_common.cuh"
+#include "kernels/sm90/tile_scheduler.cuh"
 
 namespace flexcp::sm90 {
 
@@ -61,8 +63,8 @@ struct FwdConfig {
   using PipelineKV = cutlass::PipelineTmaAsync<kStages>;
   // Item indices, handed from the producer thread (which takes them from the global counter) to
   // the consumers.
-  static constexpr int kItemStages = 2;
-  using PipelineItem = cutlass::PipelineAsync<kItemStages>;
+  using Items = ItemQueue<2>;  // item slots between the producer and the consumers
+  using PipelineItem = typename Items::Pipeline;
 
   struct SharedStorage {
     cute::array_aligned<Element, cute::cosize_v<SmemLayoutQ>, 1024> q;
@@ -72,8 +74,7 @@ struct FwdConfig {
     typename PipelineQ::SharedStorage pipe_q;
     typename PipelineKV::SharedStorage pipe_k;
     typename PipelineKV::SharedStorage pipe_v;
-    typename PipelineItem::SharedStorage pipe_item;
-    int item[kItemStages];
+    typename Items::SharedStorage items;
   };
   // The dynamic shared memory base is only 16-byte aligned; the kernel rounds it up.
   static constexpr int kSmemBytes = int(sizeof(SharedStorage)) + 1024;
@@ -84,32 +85,6 @@ struct FwdConfig {
 };
 
 namespace detail {
-
-// Issues one warp-group matrix product (no commit, no wait). zero_init overwrites the accumulator.
-template <bool kZeroInit, class Mma, class TA, class TB, class TC>
-__device__ __forceinline__ void issue_gemm(Mma& mma, TA const& a, TB const& b, TC& c) {
-  using namespace cute;
-  mma.accumulate_ = kZeroInit ? GMMA::ScaleOut::Zero : GMMA::ScaleOut::One;
-  CUTLASS_PRAGMA_UNROLL
-  for (int kb = 0; kb < size<2>(a); ++kb) {
-    gemm(mma, a(_, _, kb), b(_, _, kb), c);
-    mma.accumulate_ = GMMA::ScaleOut::One;
-  }
-}
-
-__device__ __forceinline__ float exp2_approx(float x) {
-  float y;
-  asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
-  return y;
-}
-
-// softcap * tanh(x) given e = 2^(2 x log2(e)) = e^(2x), as softcap * (1 - 2 / (e + 1)): absolute
-// error near 1e-7 of softcap. (tanh.approx's relative error of 2^-11 would show in fp16 outputs.)
-__device__ __forceinline__ float softcap_from_exp(float e, float softcap) {
-  float r;
-  asm("rcp.approx.ftz.f32 %0, %1;" : "=f"(r) : "f"(e + 1.f));
-  return fmaf(-2.f * softcap, r, softcap);
-}
 
 struct Item {
   int tile, kv_head, head0;  // head0: first q head packed into the tile
@@ -179,7 +154,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
       producer ? PipelineItem::ThreadCategory::Producer : PipelineItem::ThreadCategory::Consumer;
   ip.producer_arv_count = 1;
   ip.consumer_arv_count = 128 * Cfg::kConsumers;
-  PipelineItem pipe_item(ss.pipe_item, ip);
+  PipelineItem pipe_item(ss.items.pipe, ip);
   __syncthreads();  // barriers initialised before anyone waits on them
 
   if (producer) {
@@ -195,19 +170,11 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
     auto k_state = cutlass::make_producer_start_state<PipelineKV>();
     auto v_state = cutlass::make_producer_start_state<PipelineKV>();
     auto item_state = cutlass::make_producer_start_state<PipelineItem>();
-    for (int i = blockIdx.x;; i = gridDim.x + atomicAdd(p.work.scheduler, 1)) {
-      pipe_item.producer_acquire(item_state);
-      ss.item[item_state.index()] = i;
-      pipe_item.producer_commit(item_state);
-      ++item_state;
+    using Items = typename Cfg::Items;
+    for (int i = blockIdx.x;; i = Items::next(p.work.scheduler)) {
+      Items::publish(pipe_item, item_state, ss.items, i);
       if (i >= p.items) {
-        // Every CTA has taken its last item once all have counted themselves out here; the last
-        // one resets the counters for the next launch (launches on a stream run in turn).
-        __threadfence();
-        if (atomicAdd(p.work.scheduler + 1, 1) == int(gridDim.x) - 1) {
-          atomicExch(p.work.scheduler, 0);
-          atomicExch(p.work.scheduler + 1, 0);
-        }
+        Items::retire(p.work.scheduler);
         break;
       }
       const detail::Item it = detail::decode_item(p, i);
@@ -281,13 +248,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
   typename PipelineKV::PipelineState k_state;
   typename PipelineKV::PipelineState v_state;
   typename PipelineItem::PipelineState item_state;
-  auto take_item = [&]() {
-    pipe_item.consumer_wait(item_state);
-    const int i = ss.item[item_state.index()];
-    pipe_item.consumer_release(item_state);
-    ++item_state;
-    return i;
-  };
+  auto take_item = [&]() { return Cfg::Items::take(pipe_item, item_state, ss.items); };
 
   detail::Rows rows{};
   auto start_item = [&](const detail::Item& next) {
