@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # The whole test suite (README): installs dependencies, builds everything, runs ctest, runs it again
-# under AddressSanitizer and UBSan, builds and tests the Python package (pip install . into .venv,
-# pytest), builds the CPU-only mode, and checks the formatting. CUDA sources compile when nvcc is
-# present; GPU tests skip without a GPU.
+# under AddressSanitizer and UBSan, builds the Python package once (a wheel) and tests it in .venv
+# and under the oldest torch it accepts (.venv-torch2.4), builds the CPU-only mode, and checks the
+# formatting. CUDA sources compile when nvcc is present; GPU tests skip without a GPU.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 scripts/install-deps.sh
@@ -12,14 +12,24 @@ ctest --preset default -j "$(nproc)"
 # Again under AddressSanitizer and UBSan (CPU only).
 scripts/build.sh debug >/dev/null
 ctest --preset debug -j "$(nproc)"
-# The Python package (DESIGN §4): `pip install .` into its own environment, then pytest. Where no
-# GPU is present its CUDA kernels are left out: the C++ build above compiles them already, and
+# The Python package (DESIGN §4): one wheel built in its own environment (`pip wheel`, what
+# `pip install .` builds), installed and tested there, then the same wheel under the oldest torch
+# it accepts (the module does not link torch, so one build serves every torch from 2.4 on). Where
+# no GPU is present its CUDA kernels are left out: the C++ build above compiles them already, and
 # nothing here could run them.
 cuda_define=()
 command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/dev/null 2>&1 ||
   cuda_define=(-Ccmake.define.FLEXCP_CUDA=OFF)
-"$python" -m pip install -q --no-build-isolation -Cbuild-dir=build/python "${cuda_define[@]}" .
+rm -rf build/wheel
+"$python" -m pip wheel -q --no-build-isolation --no-deps -Cbuild-dir=build/python \
+  "${cuda_define[@]}" -w build/wheel .
+wheel=(build/wheel/flexcp-*.whl)
+"$python" -m pip install -q --no-deps --force-reinstall "${wheel[0]}"
 "$python" -m pytest -q tests/python
+oldest=$(scripts/python-env.sh --oldest-torch)
+"$oldest" -m pip install -q --no-deps --force-reinstall "${wheel[0]}"
+echo "the same wheel under torch $("$oldest" -c "import torch; print(torch.__version__)"):"
+"$oldest" -m pytest -q tests/python
 # The CPU-only build mode (DESIGN §5) must keep compiling too.
 scripts/build.sh cpu flexcp flexcp_cli >/dev/null && echo "cpu-only build: ok"
 scripts/check-format.sh

@@ -1,7 +1,9 @@
-"""flexcp's forward against torch SDPA (DESIGN §6), on the device given: `flexcp attn` runs on
-saved tensors; torch computes the same masks (from flexcp's own JSON spec) as a dense boolean
-mask. The rule: flexcp's error against a float64 reference at most twice torch SDPA's own error
-in the same input precision, plus a small atol. Rows that attend nothing: flexcp gives 0 and -inf.
+"""flexcp's forward and backward against torch SDPA (DESIGN §6), on the device given: `flexcp
+attn` runs on saved tensors; torch computes the same masks (from flexcp's own JSON spec) as a
+dense mask. The rule: flexcp's error against a float64 reference at most twice torch SDPA's own
+error in the same input precision, plus a small atol. Rows that attend nothing: flexcp gives 0
+and -inf. Gradients: dout is zero on those rows (where SDPA's softmax has no keys), and SDPA gets
+an additive mask of -1e4, so that its gradients there are zero as flexcp's are.
 
     python3 sdpa_compare.py --cli FLEXCP --device cpu|cuda --work DIR
 Exit 77 (skipped) when torch, numpy or the device is missing.
@@ -57,17 +59,17 @@ def run_case(a, name, mask_args, tq, hq, hk, d, dtype):
     q = (2 * torch.rand(tq, hq, d, generator=gen) - 1).to(tdtype)
     k = (2 * torch.rand(tk, hk, d, generator=gen) - 1).to(tdtype)
     v = (2 * torch.rand(tk, hk, d, generator=gen) - 1).to(tdtype)
-    paths = {n: os.path.join(work, f"{name}-{n}.npy") for n in ("q", "k", "v", "out", "lse")}
-    for n, t in (("q", q), ("k", k), ("v", v)):
-        np.save(paths[n], t.float().numpy())
-    subprocess.run([a.cli, "attn", "--mask-file", spec_path, "--device", a.device, "--dtype", dtype,
-                    "--q", paths["q"], "--k", paths["k"], "--v", paths["v"],
-                    "--out", paths["out"], "--lse", paths["lse"]], check=True)
-    out = torch.from_numpy(np.load(paths["out"])).double()
-    lse = torch.from_numpy(np.load(paths["lse"])).double()
-
     mask = dense_mask(spec)
     rows = mask.any(dim=1)
+    dout = ((2 * torch.rand(tq, hq, d, generator=gen) - 1) * rows[:, None, None]).to(tdtype)
+    names = ("q", "k", "v", "out", "lse", "dout", "dq", "dk", "dv")
+    paths = {n: os.path.join(work, f"{name}-{n}.npy") for n in names}
+    for n, t in (("q", q), ("k", k), ("v", v), ("dout", dout)):
+        np.save(paths[n], t.float().numpy())
+    subprocess.run([a.cli, "attn", "--mask-file", spec_path, "--device", a.device, "--dtype", dtype,
+                    *(x for n in names for x in (f"--{n}", paths[n]))], check=True)
+    out, lse, dq, dk, dv = (torch.from_numpy(np.load(paths[n])).double()
+                            for n in ("out", "lse", "dq", "dk", "dv"))
     dev = a.device
 
     def sdpa(x_q, x_k, x_v):
@@ -78,6 +80,26 @@ def run_case(a, name, mask_args, tq, hq, hk, d, dtype):
         vv = x_v.repeat_interleave(rep, dim=1).permute(1, 0, 2).unsqueeze(0).to(dev)
         o = F.scaled_dot_product_attention(qq, kk, vv, attn_mask=mask.to(dev))
         return o.squeeze(0).permute(1, 0, 2).double().cpu()
+
+    def sdpa_grads(x_q, x_k, x_v, x_do):
+        leaves = [x.to(dev).requires_grad_() for x in (x_q, x_k, x_v)]
+        rep = hq // hk
+        qq = leaves[0].permute(1, 0, 2).unsqueeze(0)
+        kk = leaves[1].repeat_interleave(rep, dim=1).permute(1, 0, 2).unsqueeze(0)
+        vv = leaves[2].repeat_interleave(rep, dim=1).permute(1, 0, 2).unsqueeze(0)
+        additive = torch.zeros(mask.shape, dtype=x_q.dtype).masked_fill(~mask, -1e4).to(dev)
+        o = F.scaled_dot_product_attention(qq, kk, vv, attn_mask=additive)
+        o.backward(x_do.permute(1, 0, 2).unsqueeze(0).to(dev))
+        return [x.grad.double().cpu() for x in leaves]
+
+    grad_ok = True
+    ref_g = sdpa_grads(q.double(), k.double(), v.double(), dout.double())
+    low_g = sdpa_grads(q, k, v, dout)
+    grad_errs = []
+    for g, r, lo in zip((dq, dk, dv), ref_g, low_g):
+        e, te = (g - r).abs().max().item(), (lo - r).abs().max().item()
+        grad_ok = grad_ok and e <= 2 * te + 2e-3 and not torch.isnan(g).any()
+        grad_errs.append(f"{e:.2e}/{te:.2e}")
 
     ref = sdpa(q.double(), k.double(), v.double())
     torch_low = sdpa(q, k, v)  # torch's own kernel in the input precision
@@ -92,10 +114,12 @@ def run_case(a, name, mask_args, tq, hq, hk, d, dtype):
     lse_err = (lse[rows] - ref_lse[rows]).abs().max().item()
     ok = ok and lse_err <= 1e-3
     empty_ok = bool((out[~rows] == 0).all() and torch.isneginf(lse[~rows]).all())
-    ok = ok and empty_ok
+    ok = ok and empty_ok and grad_ok
     print(f"{'ok  ' if ok else 'FAIL'} {name}: Tq={tq} Tk={tk} H={hq}/{hk} D={d} {dtype} "
           f"max|out-ref|={err:.2e} (torch SDPA {dtype}: {torch_err:.2e}) max|lse-ref|={lse_err:.2e} "
-          f"empty rows {int((~rows).sum())} {'ok' if empty_ok else 'WRONG'}", flush=True)
+          f"empty rows {int((~rows).sum())} {'ok' if empty_ok else 'WRONG'}; "
+          f"max|grad-ref| (flexcp/torch) dq {grad_errs[0]} dk {grad_errs[1]} dv {grad_errs[2]}",
+          flush=True)
     return ok
 
 
