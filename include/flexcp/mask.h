@@ -41,6 +41,11 @@ FLEXCP_API std::int64_t slice_area(const Slice& slice, Range q, Range k);
 // Whether one slice attends (q, k); the definition every other piece of flexcp is tested against.
 FLEXCP_API bool slice_attends(const Slice& slice, std::int64_t q, std::int64_t k);
 
+// The longest sequence flexcp takes, on either side: 2^31 tokens. Every area (at most 2^62
+// pairs), index and byte count computed from lengths up to it is exact in 64 bits; masks,
+// attention shapes and the tool's options are checked against it.
+inline constexpr std::int64_t kMaxSeqlen = std::int64_t{1} << 31;
+
 // A validated mask: ranges inside [0, seqlen_q) x [0, seqlen_k) and no pair covered twice.
 // Construction throws Error(kInvalidArgument) naming the slice(s) and a pair at fault.
 class FLEXCP_API Mask {

@@ -97,8 +97,10 @@ bool slice_attends(const Slice& s, std::int64_t q, std::int64_t k) {
 
 void validate_slices(std::int64_t seqlen_q, std::int64_t seqlen_k,
                      const std::vector<Slice>& slices) {
-  if (seqlen_q < 0) fail("seqlen_q is " + std::to_string(seqlen_q) + ", expected >= 0");
-  if (seqlen_k < 0) fail("seqlen_k is " + std::to_string(seqlen_k) + ", expected >= 0");
+  for (auto [name, n] : {std::pair{"seqlen_q", seqlen_q}, {"seqlen_k", seqlen_k}})
+    if (n < 0 || n > kMaxSeqlen)
+      fail(std::string(name) + " is " + std::to_string(n) + ", expected 0 to " +
+           std::to_string(kMaxSeqlen) + " (kMaxSeqlen, 2^31 tokens)");
   for (std::size_t i = 0; i < slices.size(); ++i) {
     check_range(i, "q", slices[i].q, seqlen_q, "seqlen_q");
     check_range(i, "k", slices[i].k, seqlen_k, "seqlen_k");

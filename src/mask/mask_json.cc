@@ -28,6 +28,11 @@ void expect_keys(const json& object, std::initializer_list<const char*> allowed,
 
 std::int64_t get_int(const json& value, const std::string& what) {
   if (!value.is_number_integer()) fail(what + " is " + value.dump() + ", expected an integer");
+  // Read as the JSON wrote it: an unsigned integer above int64's range must not wrap to a
+  // negative one, and nothing past the length limit can be a token index.
+  if (value.is_number_unsigned() && value.get<std::uint64_t>() > std::uint64_t(kMaxSeqlen))
+    fail(what + " is " + value.dump() + ", expected at most " + std::to_string(kMaxSeqlen) +
+         " (kMaxSeqlen)");
   return value.get<std::int64_t>();
 }
 

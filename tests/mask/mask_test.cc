@@ -81,7 +81,12 @@ TEST(Mask, RangeErrorsNameSliceAndBound) {
             "slice 0: q_range [-1, 3) starts before 0");
   EXPECT_EQ(error_of(16, 16, {{{5, 3}, {0, 4}, MaskType::kFull}}),
             "slice 0: q_range [5, 3) ends before it begins");
-  EXPECT_EQ(error_of(-2, 16, {}), "seqlen_q is -2, expected >= 0");
+  EXPECT_EQ(error_of(-2, 16, {}),
+            "seqlen_q is -2, expected 0 to 2147483648 (kMaxSeqlen, 2^31 tokens)");
+  EXPECT_EQ(error_of(16, kMaxSeqlen + 1, {}),
+            "seqlen_k is 2147483649, expected 0 to 2147483648 (kMaxSeqlen, 2^31 tokens)");
+  // At the limit a full mask's area, 2^62, is exact.
+  EXPECT_EQ(masks::full(kMaxSeqlen, kMaxSeqlen).area(), std::int64_t{1} << 62);
 }
 
 TEST(Mask, AreaAndAttendsMatchEnumerationOnRandomMasks) {

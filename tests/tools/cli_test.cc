@@ -160,6 +160,50 @@ TEST_F(Cli, BadInputsFailWithMessages) {
   EXPECT_FALSE(fs::exists(path("o.npy")));  // nothing was written by the failed runs
 }
 
+// Lengths past the limit (kMaxSeqlen, 2^31) and numbers that do not read as written are errors
+// that say so, never a crash or a quietly different mask; so is what cannot be drawn or allocated.
+TEST_F(Cli, LengthsAndEdgeInputsFailWithMessages) {
+  for (const char* seqlen : {"9223372036854775807", "99999999999999999999", "2147483649"}) {
+    const Result r = run_cli(std::string("plan --mask full --seqlen ") + seqlen + " --world 2");
+    EXPECT_NE(r.code, 0) << seqlen;
+    EXPECT_NE(r.output.find("more than flexcp takes (at most 2147483648"), std::string::npos)
+        << r.output;
+  }
+  for (const char* seqlen : {"0100", "0x40", "-5", "1e3"}) {
+    const Result r = run_cli(std::string("plan --mask causal --seqlen ") + seqlen + " --world 2");
+    EXPECT_NE(r.code, 0) << seqlen;
+    EXPECT_NE(r.output.find("is not a token count"), std::string::npos) << r.output;
+  }
+  Result r = run_cli("plan --mask full --seqlen 64 --seqlen-k 0064 --world 2");
+  EXPECT_NE(r.code, 0);
+  EXPECT_NE(r.output.find("'0064' is not a token count"), std::string::npos) << r.output;
+
+  std::ofstream(path("empty.json")) << R"({"version":1,"seqlen_q":0,"seqlen_k":0,"slices":[]})";
+  r = run_cli("mask --mask-file " + path("empty.json") + " --out " + path("z.svg"));
+  EXPECT_EQ(r.code, 2) << r.output;
+  EXPECT_NE(r.output.find("the mask is 0 x 0 tokens: there is nothing to draw"), std::string::npos)
+      << r.output;
+  EXPECT_FALSE(fs::exists(path("z.svg")));
+  std::ofstream(path("huge.json"))
+      << R"({"version":1,"seqlen_q":18446744073709551615,"seqlen_k":8,"slices":[]})";
+  r = run_cli("mask --mask-file " + path("huge.json") + " --out " + path("z.svg"));
+  EXPECT_EQ(r.code, 2) << r.output;
+  EXPECT_NE(r.output.find("seqlen_q is 18446744073709551615, expected at most 2147483648"),
+            std::string::npos)
+      << r.output;
+  std::ofstream(path("long.json"))
+      << R"({"version":1,"seqlen_q":4611686018427387904,"seqlen_k":8,"slices":[]})";
+  r = run_cli("plan --mask-file " + path("long.json") + " --world 2");
+  EXPECT_EQ(r.code, 2) << r.output;
+  EXPECT_NE(r.output.find("seqlen_q is 4611686018427387904, expected at most 2147483648"),
+            std::string::npos)
+      << r.output;
+  // At the limit the mask is valid, and the 4 TiB of q are not: an error, not an abort.
+  r = run_cli("bench --mask causal --seqlen 2147483648 --heads 8 --head-dim 128");
+  EXPECT_EQ(r.code, 2) << r.output;
+  EXPECT_NE(r.output.find("flexcp: error (out of memory)"), std::string::npos) << r.output;
+}
+
 TEST_F(Cli, MaskDrawsSvg) {
   const Result r = run_cli(
       "mask --mask sliding-window-symmetric --seqlen 3000 --doc-len 700 --window 100 --out " +

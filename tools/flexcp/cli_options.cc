@@ -24,6 +24,23 @@ masks::Lengths documents(const MaskArgs& a) {
 
 }  // namespace
 
+CLI::Validator token_count() {
+  return CLI::Validator(
+      [](std::string& text) -> std::string {
+        // Decimal digits only (CLI11 would read "0100" as octal, "0x10" as hex), no leading zero,
+        // and the value within the length limit (an overflowing one must not wrap).
+        const bool digits =
+            !text.empty() && text.find_first_not_of("0123456789") == std::string::npos;
+        if (!digits || (text.size() > 1 && text[0] == '0'))
+          return "'" + text + "' is not a token count (decimal digits, no leading zero)";
+        if (text.size() > 10 || std::stoll(text) > kMaxSeqlen)
+          return text + " tokens is more than flexcp takes (at most " + std::to_string(kMaxSeqlen) +
+                 ", 2^31)";
+        return "";
+      },
+      "TOKENS");
+}
+
 const std::vector<std::string>& mask_generator_names() {
   static const std::vector<std::string> names = {
       "full",          "causal",         "varlen-full",
@@ -39,8 +56,10 @@ void add_mask_options(CLI::App& cmd, MaskArgs& a) {
                    ->check(CLI::IsMember(mask_generator_names()));
   file->excludes(kind);
   kind->excludes(file);
-  cmd.add_option("--seqlen", a.seqlen, "Tokens (q; and k unless --seqlen-k) for --mask");
-  cmd.add_option("--seqlen-k", a.seqlen_k, "Key tokens for --mask full|causal (cross-attention)");
+  cmd.add_option("--seqlen", a.seqlen, "Tokens (q; and k unless --seqlen-k) for --mask")
+      ->check(token_count());
+  cmd.add_option("--seqlen-k", a.seqlen_k, "Key tokens for --mask full|causal (cross-attention)")
+      ->check(token_count());
   cmd.add_option("--doc-lens", a.doc_lens_file,
                  "Document lengths, one per line, packed cyclically (default: the real lengths "
                  "that ship with flexcp)")

@@ -23,6 +23,9 @@ struct MaskArgs {
   std::int64_t question = 1024;
 };
 
+// A token count on the command line: decimal, at most kMaxSeqlen.
+CLI::Validator token_count();
+
 // The generators --mask accepts.
 const std::vector<std::string>& mask_generator_names();
 

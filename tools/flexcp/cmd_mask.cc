@@ -41,6 +41,10 @@ void draw(const DrawArgs& a) {
     return;
   }
   const std::int64_t tq = mask.seqlen_q(), tk = mask.seqlen_k();
+  if (tq == 0 || tk == 0)
+    throw Error(Status::kInvalidArgument, "flexcp mask: the mask is " + std::to_string(tq) + " x " +
+                                              std::to_string(tk) +
+                                              " tokens: there is nothing to draw");
   // Cell edge in tokens: the longer side gets at most `cells` cells.
   const std::int64_t step = std::max<std::int64_t>(1, (std::max(tq, tk) + a.cells - 1) / a.cells);
   const std::int64_t rows = (tq + step - 1) / step, cols = (tk + step - 1) / step;

@@ -1,6 +1,8 @@
 // flexcp: the command-line tool. `flexcp --help` lists the subcommands.
 #include <CLI/CLI.hpp>
+#include <exception>
 #include <iostream>
+#include <new>
 
 #include "commands.h"
 #include "flexcp/flexcp.h"
@@ -26,6 +28,14 @@ int main(int argc, char** argv) {
   } catch (const flexcp::Error& e) {
     std::cerr << "flexcp: error (" << flexcp::status_string(e.status()) << "): " << e.what()
               << "\n";
+    return 2;
+  } catch (const std::bad_alloc&) {
+    // What asked for the memory is in the arguments; the sizes they imply are what to lower.
+    std::cerr << "flexcp: error (out of memory): the allocation for this command's data failed "
+                 "(std::bad_alloc); lower --seqlen, --heads or --head-dim\n";
+    return 2;
+  } catch (const std::exception& e) {
+    std::cerr << "flexcp: error (internal): " << e.what() << "\n";
     return 2;
   }
   return 0;

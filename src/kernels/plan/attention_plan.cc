@@ -38,9 +38,10 @@ void lay_out_plan(AttentionPlan::Impl& m, WorkspaceWriter& writer) {
 }
 
 void check_shape(const ArgChecker& c, const AttentionShape& s) {
-  if (s.seqlen_q < 0 || s.seqlen_k < 0)
+  if (s.seqlen_q < 0 || s.seqlen_k < 0 || s.seqlen_q > kMaxSeqlen || s.seqlen_k > kMaxSeqlen)
     c.fail("seqlen_q " + std::to_string(s.seqlen_q) + " and seqlen_k " +
-           std::to_string(s.seqlen_k) + ", expected sizes >= 0");
+           std::to_string(s.seqlen_k) + ", expected sizes from 0 to " + std::to_string(kMaxSeqlen) +
+           " (kMaxSeqlen)");
   if (s.heads_q < 1 || s.heads_kv < 1 || s.heads_q % s.heads_kv != 0)
     c.fail("heads_q " + std::to_string(s.heads_q) + " and heads_kv " + std::to_string(s.heads_kv) +
            ", expected heads_q a positive multiple of heads_kv");
