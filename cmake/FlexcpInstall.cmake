@@ -1,6 +1,9 @@
 include(GNUInstallDirs)
 include(CMakePackageConfigHelpers)
 
+# The installed tool finds the installed library beside it, wherever the prefix is moved.
+set_target_properties(flexcp_cli PROPERTIES INSTALL_RPATH "$ORIGIN/../${CMAKE_INSTALL_LIBDIR}")
+
 install(TARGETS flexcp flexcp_cli EXPORT flexcpTargets
         LIBRARY DESTINATION ${CMAKE_INSTALL_LIBDIR}
         ARCHIVE DESTINATION ${CMAKE_INSTALL_LIBDIR}
