@@ -1,16 +1,49 @@
 #include "host_tensor.h"
 
+#include <unistd.h>
+
 #include <limits>
+#include <new>
+#include <string>
 
 #include "core/dtype.h"
 #include "flexcp/status.h"
 
 namespace flexcp::tools {
 
+namespace {
+
+std::string shape_text(const std::vector<std::int64_t>& shape) {
+  std::string s = "[";
+  for (std::size_t d = 0; d < shape.size(); ++d) s += (d ? ", " : "") + std::to_string(shape[d]);
+  return s + "]";
+}
+
+}  // namespace
+
 HostTensor::HostTensor(DType dtype, std::vector<std::int64_t> shape) : shape_(std::move(shape)) {
+  // The size, exact (the shape's dims are token and head counts within flexcp's limits), checked
+  // against the machine's memory before asking for it: a tensor that cannot fit is an error that
+  // says how much it needs, not an abort in the allocator.
+  long double bytes = dtype_size(dtype);
+  for (std::int64_t s : shape_) bytes *= static_cast<long double>(s < 1 ? 1 : s);
+  const long double memory = static_cast<long double>(sysconf(_SC_PHYS_PAGES)) *
+                             static_cast<long double>(sysconf(_SC_PAGESIZE));
+  const std::string what = "a " + std::string(dtype_name(dtype)) + " tensor " + shape_text(shape_) +
+                           " needs " + std::to_string(static_cast<double>(bytes) / (1ull << 30)) +
+                           " GiB of host memory";
+  if (memory > 0 && bytes > memory)
+    throw Error(Status::kInvalidArgument,
+                what + ", more than this machine has (" +
+                    std::to_string(static_cast<double>(memory) / (1ull << 30)) +
+                    " GiB); lower --seqlen or the heads");
   std::int64_t n = 1;
   for (std::int64_t s : shape_) n *= s;
-  bytes_.resize(static_cast<std::size_t>(std::max<std::int64_t>(n, 1)) * dtype_size(dtype));
+  try {
+    bytes_.resize(static_cast<std::size_t>(std::max<std::int64_t>(n, 1)) * dtype_size(dtype));
+  } catch (const std::bad_alloc&) {
+    throw Error(Status::kInvalidArgument, what + ": the allocation failed");
+  }
   view_.data = bytes_.data();
   view_.dtype = dtype;
   view_.ndim = static_cast<int>(shape_.size());
