@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
-# On a GPU host: Nsight Compute on one launch of the sm90 forward for a few protocol cases (bf16,
-# head dim 128, GQA 64:8), clocks left to the GPU. Builds build/gpu first when needed. Writes one
-# report per case under the folder given, plus the tensor-pipe metrics this ncu knows.
-#   scripts/gpu-profile.sh OUT
+# On a GPU host: Nsight Compute on one launch of the sm90 forward (or, with BACKWARD=1, the
+# backward's main kernel) for a few protocol cases (bf16, head dim 128, GQA 64:8), clocks left to
+# the GPU. Builds build/gpu first when needed. Writes one report per case under the folder given,
+# plus the tensor-pipe metrics this ncu knows.
+#   scripts/gpu-profile.sh OUT            BACKWARD=1 scripts/gpu-profile.sh OUT
 set -euo pipefail
 cd "$(dirname "$0")/.."
 out=${1:?output folder}
@@ -20,14 +21,17 @@ ncu --query-metrics 2>/dev/null | awk '{print $1}' |
     > "$out/tensor-metrics.txt" || true
 metrics=$(sed 's/$/.avg.pct_of_peak_sustained_active/' "$out/tensor-metrics.txt" | paste -sd, -)
 
+kernel=fwd_kernel direction=()
+[[ -n "${BACKWARD:-}" ]] && kernel=bwd_kernel direction=(--backward)
 profile() {
   local name=$1
   shift
-  ncu --clock-control none --kernel-name regex:fwd_kernel --launch-skip 1 --launch-count 1 \
+  ncu --clock-control none --kernel-name regex:$kernel --launch-skip 1 --launch-count 1 \
     --section SpeedOfLight --section ComputeWorkloadAnalysis --section MemoryWorkloadAnalysis \
     --section SchedulerStats --section WarpStateStats ${metrics:+--metrics "$metrics"} \
-    "$cli" bench --device cuda --heads 64 --heads-kv 8 --head-dim 128 --warmup 1 --repeat 1 "$@" \
-    > "$out/ncu-$name.txt" 2>&1 || echo "==ERROR ncu exited with $?" >> "$out/ncu-$name.txt"
+    "$cli" bench --device cuda --heads 64 --heads-kv 8 --head-dim 128 --warmup 1 --repeat 1 \
+    "${direction[@]}" "$@" \
+    > "$out/ncu-$kernel-$name.txt" 2>&1 || echo "==ERROR ncu exited with $?" >> "$out/ncu-$kernel-$name.txt"
 }
 profile full-16k --mask full --seqlen 16384
 profile swa1024-32k --mask sliding-window --window 1024 --seqlen 32768 "${docs[@]}"

@@ -8,8 +8,8 @@
 //   dV += P^T dO, dK += dS^T Q              (wgmma, P^T and dS^T from registers)
 //   dQ = dS K                                (wgmma from shared memory: both groups' dS, each
 //                                             group half of the head dimension)
-// and adds dQ into the fp32 accumulator with vector atomics. dK and dV are written once, at the
-// end of the item. The preprocessing (delta, lse2) and postprocessing (dQ in the input dtype, the
+// stages its half of dQ in shared memory, from where one thread of the group adds it to the fp32
+// accumulator with TMA reductions. dK and dV are written once, at the end of the item. The preprocessing (delta, lse2) and postprocessing (dQ in the input dtype, the
 // sink's gradient) are in bwd_rowstats.cu.
 #pragma once
 
@@ -31,6 +31,7 @@ namespace flexcp::sm90 {
 // The backward's named barriers (ids above CUTLASS's reserved ones).
 enum class BwdBarrier : std::uint32_t {
   kDsReady = 0,  // both consumer groups have written their dS^T of the block to shared memory
+  kDqStaged = 1,  // one group has staged its dQ (ids 1 and 2: one per group)
 };
 
 template <class Element_, int kHeadDim_>
@@ -45,11 +46,19 @@ struct BwdConfig {
   static constexpr int kConsumers = 2;
   static constexpr int kThreads = 128 * (kConsumers + 1);
   static constexpr int kPanels = kHeadDim / 64;  // 128-byte swizzle panels along D (one TMA box)
-  // Register budgets: the producer needs few; the consumers hold dK and dV (kHeadDim fp32 each),
-  // S^T, dP^T and dQ.
+  // Register budgets: the consumers hold dK and dV (kHeadDim fp32 each), S^T, dP^T and dQ; the
+  // producer (one thread) takes the rest. The pool is fixed at launch (the launch bound's share
+  // of the 64K-register file, 168 per thread): 24 + 2 x 240 = 3 x 168 exactly. A larger producer
+  // budget leaves the consumers' setmaxnreg waiting forever.
+  static constexpr int kLaunchRegs = 65536 / kThreads / 8 * 8;
   static constexpr int kProducerRegs = 24;
   static constexpr int kConsumerRegs = 240;
+  static_assert(kProducerRegs + kConsumers * kConsumerRegs <= (kConsumers + 1) * kLaunchRegs);
   static_assert(kHeadDim % 64 == 0 && kBlockN == 64 * kConsumers && kBlockM == 64);
+  // Each group's dQ staging tile: kBlockM rows x kHeadDim / 2 fp32, in panels one TMA box wide.
+  static constexpr int kDqCols = kHeadDim / 2;
+  static constexpr int kDqPanels = kDqCols / kBwdDqBoxCols;
+  static_assert(kDqCols % kBwdDqBoxCols == 0 && kBwdDqBoxCols * sizeof(float) == 128);
 
   using Atom2M = cute::Layout<cute::Shape<cute::_2, cute::_1, cute::_1>>;
   using Atom2N = cute::Layout<cute::Shape<cute::_1, cute::_2, cute::_1>>;
@@ -104,6 +113,7 @@ struct BwdConfig {
     cute::array_aligned<Element, cute::cosize_v<SmemLayoutKV>, 1024> k;
     cute::array_aligned<Element, cute::cosize_v<SmemLayoutKV>, 1024> v;
     cute::array_aligned<Element, cute::cosize_v<SmemLayoutDs>, 1024> ds;
+    cute::array_aligned<float, kBlockM * kHeadDim, 1024> dq;  // [group][panel][row][32], swizzled
     cute::array_aligned<float, kBwdStatsLoad * kStages, 128> lse2;
     cute::array_aligned<float, kBwdStatsLoad * kStages, 128> delta;
     typename PipelineQ::SharedStorage pipe_q;
@@ -151,8 +161,10 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
   constexpr int kBlockN = Cfg::kBlockN;
 
   extern __shared__ char smem_raw[];
+  // Aligned by pointer arithmetic on the shared array (not through an integer), so that the
+  // compiler keeps the shared address space and plain loads of it are shared-memory loads.
   auto& ss = *reinterpret_cast<typename Cfg::SharedStorage*>(
-      (reinterpret_cast<std::uintptr_t>(smem_raw) + 1023) & ~std::uintptr_t(1023));
+      smem_raw + ((1024 - (reinterpret_cast<std::uintptr_t>(smem_raw) & 1023)) & 1023));
 
   const int wg = threadIdx.x / 128;
   const bool producer = wg == 0;
@@ -273,6 +285,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
 
   // This thread's rows and columns in the accumulator layout of a 64xN wgmma: rows r and r + 8
   // (keys of S^T, dK, dV; q rows of dQ), columns col_base + 8 j + {0, 1}.
+  const bool group_leader = ctid % 128 == 0;  // issues the group's dQ reductions
   const int lane = threadIdx.x % 32;
   const int row_in_group = ((threadIdx.x / 32) % 4) * 16 + lane / 4;
   const int col_base = 2 * (lane % 4);
@@ -376,23 +389,29 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
     warpgroup_wait<0>();
     warpgroup_fence_operand(tSrdP);
     const float* delta = ss.delta.data() + do_state.index() * kBwdStatsLoad + (c0 & 3) + col_base;
-    CUTLASS_PRAGMA_UNROLL
-    for (int j = 0; j < kBlockM / 8; ++j) CUTLASS_PRAGMA_UNROLL
-    for (int c = 0; c < 2; ++c) {
-      const float d = delta[8 * j + c];
+    auto grad_s = [&](auto softcapped) {
       CUTLASS_PRAGMA_UNROLL
-      for (int h = 0; h < 2; ++h) {
-        const int x = c + 2 * h + 4 * j;
-        const float pv = tSrS(x);
-        float ds = pv * (tSrdP(x) - d);
-        if (p.softcap > 0.f) {
-          // s log2(e) = log2(P) + lse2, t = s / softcap; a masked pair (P = 0) has no gradient.
-          const float t = (detail::log2_approx(pv) + lse2[8 * j + c]) * (kLn2 / p.softcap);
-          ds = pv > 0.f ? ds * (1.f - t * t) : 0.f;
+      for (int j = 0; j < kBlockM / 8; ++j) CUTLASS_PRAGMA_UNROLL
+      for (int c = 0; c < 2; ++c) {
+        const float d = delta[8 * j + c];
+        CUTLASS_PRAGMA_UNROLL
+        for (int h = 0; h < 2; ++h) {
+          const int x = c + 2 * h + 4 * j;
+          const float pv = tSrS(x);
+          float ds = pv * (tSrdP(x) - d);
+          if constexpr (decltype(softcapped)::value) {
+            // s log2(e) = log2(P) + lse2, t = s / softcap; a masked pair (P = 0) has no gradient.
+            const float t = (detail::log2_approx(pv) + lse2[8 * j + c]) * p.softcap_t;
+            ds = pv > 0.f ? ds * (1.f - t * t) : 0.f;
+          }
+          tSrdP(x) = ds;
         }
-        tSrdP(x) = ds;
       }
-    }
+    };
+    if (p.softcap > 0.f)
+      grad_s(std::true_type{});
+    else
+      grad_s(std::false_type{});
     convert(tSrS, tKVrP);
     convert(tSrdP, tKVrdS);
 
@@ -403,6 +422,9 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
       copy(store_ds, thr_store_ds.retile_S(rdS), tDSsdS(_, _, _, ds_stage));
     }
     cutlass::arch::fence_view_async_shared();  // the writes, visible to the tensor cores
+    // The previous block's dQ reduction has read this group's staging tile before it is written
+    // again below (every thread of the group passes the barrier after its leader).
+    if (group_leader) tma_store_wait<0>();
     cutlass::arch::NamedBarrier::sync(256, static_cast<std::uint32_t>(BwdBarrier::kDsReady));
     issue_ss(mma_dq, tDQrdS(_, _, _, ds_stage), tDQrK, tdQrdQ);
     issue_rs(mma_kv, tKVrdS, tKVrQ(_, _, _, q_state.index()), tdKrdK);
@@ -411,17 +433,35 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
     pipe_do.consumer_release(do_state);
     ++do_state;
 
-    // dQ into the accumulator: rows c0 + r, this group's half of the head dimension.
+    // This group's half of dQ into its staging tile, in the 128-byte swizzle of the TMA map (the
+    // 16-byte chunk index XOR the row mod 8: conflict-free for these float2 stores). Rows past the
+    // entry are staged as zeros: the reduction adds the whole box, and those rows may belong to
+    // another entry (or attend keys whose values are not finite).
+    float* dq_stage = ss.dq.data() + half * kBlockM * Cfg::kDqCols;
     CUTLASS_PRAGMA_UNROLL
     for (int h = 0; h < 2; ++h) {
-      const int q = c0 + row_in_group + 8 * h;
-      if (q >= end || q >= p.seqlen_q) continue;
-      float* row = p.dq_accum + (std::int64_t(q) * p.heads_q + hq) * kHeadDim +
-                   half * (kHeadDim / 2) + col_base;
+      const int r = row_in_group + 8 * h;
+      const bool live = c0 + r < end;
       CUTLASS_PRAGMA_UNROLL
-      for (int j = 0; j < kHeadDim / 16; ++j)
-        atomicAdd(reinterpret_cast<float2*>(row + 8 * j),
-                  make_float2(tdQrdQ(2 * h + 4 * j), tdQrdQ(1 + 2 * h + 4 * j)));
+      for (int j = 0; j < Cfg::kDqCols / 8; ++j) {
+        const int col = 8 * (j % 4) + col_base;  // within the panel
+        const int chunk = (col / 4) ^ (r % 8);
+        float* at = dq_stage + (j / 4) * kBlockM * kBwdDqBoxCols + r * kBwdDqBoxCols + chunk * 4 +
+                    col % 4;
+        *reinterpret_cast<float2*>(at) =
+            live ? make_float2(tdQrdQ(2 * h + 4 * j), tdQrdQ(1 + 2 * h + 4 * j))
+                 : make_float2(0.f, 0.f);
+      }
+    }
+    cutlass::arch::fence_view_async_shared();  // the writes, visible to the copy engine
+    cutlass::arch::NamedBarrier::sync(
+        128, static_cast<std::uint32_t>(BwdBarrier::kDqStaged) + half);
+    if (group_leader) {
+      CUTLASS_PRAGMA_UNROLL
+      for (int panel = 0; panel < Cfg::kDqPanels; ++panel)
+        SM90_TMA_REDUCE_ADD_3D::copy(&p.tma_dq, dq_stage + panel * kBlockM * kBwdDqBoxCols,
+                                     half * Cfg::kDqCols + panel * kBwdDqBoxCols, c0, hq);
+      tma_store_arrive();
     }
     warpgroup_wait<0>();  // dK done: Q is no longer read
     warpgroup_fence_operand(tdKrdK);
@@ -476,6 +516,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
     }
     epilogue(it);
   }
+  if (group_leader) tma_store_wait<0>();  // the staging tiles stay until the last reduction read them
 }
 
 }  // namespace flexcp::sm90

@@ -18,6 +18,8 @@ namespace flexcp::sm90 {
 inline constexpr int kBwdBlockM = tiles::kSm90BwdBlockM;
 inline constexpr int kBwdBlockN = tiles::kSm90BwdBlockN;
 inline constexpr int kBwdStatsLoad = kBwdStatsSpan;
+// The dQ accumulator's TMA box is 32 fp32 wide: the 128 bytes a 128-byte swizzle allows.
+inline constexpr int kBwdDqBoxCols = 32;
 
 struct BwdParams {
   // q and dout as {D, Tq, Hq}, boxes of {64, kBwdBlockM, 1}; k and v as {D, Tk, Hk}, boxes of
@@ -26,6 +28,10 @@ struct BwdParams {
   CUtensorMap tma_do;
   CUtensorMap tma_k;
   CUtensorMap tma_v;
+  // The fp32 dQ accumulator as {D, Tq, Hq}, boxes of {kBwdDqBoxCols, kBwdBlockM, 1}, 128-byte
+  // swizzle: each consumer group adds its staged half of a block's dQ with TMA reductions (rows
+  // past Tq are dropped by the unit).
+  CUtensorMap tma_dq;
   // The row statistics (bwd_scratch.h), [Hq, stats_stride] fp32, read with plain bulk copies of
   // kBwdStatsLoad values from the 16-byte boundary at or below a block's first row.
   const float* lse2 = nullptr;
@@ -37,9 +43,6 @@ struct BwdParams {
   void* dv = nullptr;
   std::int64_t dk_stride_t = 0, dk_stride_h = 0;
   std::int64_t dv_stride_t = 0, dv_stride_h = 0;
-  // The fp32 dQ accumulator, [Tq, Hq, D] contiguous, zeroed by the preprocessing kernel.
-  float* dq_accum = nullptr;
-
   // The plan's column-major work list (tiles of kBwdBlockN keys, intervals of q rows) in its
   // workspace, with the scheduler's counters (as in the forward).
   DeviceWorkList work;
@@ -58,6 +61,7 @@ struct BwdParams {
   float scale_log2 = 0.f;
   float softcap = 0.f;
   float softcap_scale = 0.f;
+  float softcap_t = 0.f;  // ln(2) / softcap: t = (log2(P) + lse2) softcap_t
 };
 
 }  // namespace flexcp::sm90

@@ -112,7 +112,9 @@ void backward(const CallShape& s, const AttentionPlan::Impl& plan, const TensorV
     p.dk_stride_h = dk.strides[1];
     p.dv_stride_t = dv.strides[0];
     p.dv_stride_h = dv.strides[1];
-    p.dq_accum = scratch.dq_accum;
+    if (s.seqlen_q > 0)
+      p.tma_dq = accumulator_map(kFn, "the dQ accumulator", scratch.dq_accum, s.seqlen_q,
+                                 s.heads_q, s.head_dim, kBwdDqBoxCols, kBwdBlockM);
     p.lse2 = scratch.lse2;
     p.delta = scratch.delta;
     p.stats_stride = scratch.stats_stride;
@@ -125,6 +127,7 @@ void backward(const CallShape& s, const AttentionPlan::Impl& plan, const TensorV
     if (options.softcap > 0) {
       p.softcap = static_cast<float>(options.softcap);
       p.softcap_scale = static_cast<float>(2 * kLog2e * s.scale / options.softcap);
+      p.softcap_t = static_cast<float>(kLn2 / options.softcap);
     }
     p.scale_log2 = static_cast<float>(s.scale * kLog2e);
     launch(p, std::min(sms, p.items), stream);

@@ -57,6 +57,29 @@ CUtensorMap tensor_map(const std::string& fn, const char* name, const TensorView
   return map;
 }
 
+CUtensorMap accumulator_map(const std::string& fn, const char* name, float* data,
+                            std::int64_t tokens, std::int64_t heads, std::int64_t head_dim,
+                            std::uint32_t box_cols, std::uint32_t box_rows) {
+  constexpr std::size_t esize = sizeof(float);
+  const cuuint64_t dims[3] = {static_cast<cuuint64_t>(head_dim), static_cast<cuuint64_t>(tokens),
+                              static_cast<cuuint64_t>(heads)};
+  const cuuint64_t strides[2] = {static_cast<cuuint64_t>(heads * head_dim) * esize,
+                                 static_cast<cuuint64_t>(head_dim) * esize};
+  const cuuint32_t box[3] = {box_cols, box_rows, 1};
+  const cuuint32_t element_strides[3] = {1, 1, 1};
+  CUtensorMap map;
+  check_encoded(fn,
+                tensor_map_encoder(fn)(&map, CU_TENSOR_MAP_DATA_TYPE_FLOAT32, 3, data, dims,
+                                       strides, box, element_strides,
+                                       CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
+                                       CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
+                                       CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE),
+                name,
+                "[" + std::to_string(tokens) + ", " + std::to_string(heads) + ", " +
+                    std::to_string(head_dim) + "] fp32");
+  return map;
+}
+
 void check_layout(const std::string& fn, const char* name, const TensorView& t) {
   const std::size_t esize = dtype_size(t.dtype);
   const bool aligned = reinterpret_cast<std::uintptr_t>(t.data) % 16 == 0 &&

@@ -15,6 +15,11 @@ namespace flexcp::sm90 {
 // box_rows, box_heads}, 128-byte swizzle; out-of-bounds rows read as zeros.
 CUtensorMap tensor_map(const std::string& fn, const char* name, const TensorView& t,
                        std::uint32_t box_rows, std::uint32_t box_heads);
+// An fp32 accumulator [T, H, D] (contiguous) viewed as {D, T, H}, in boxes of {box_cols,
+// box_rows, 1} with a 128-byte swizzle (box_cols * 4 <= 128), for TMA reductions into it.
+CUtensorMap accumulator_map(const std::string& fn, const char* name, float* data,
+                            std::int64_t tokens, std::int64_t heads, std::int64_t head_dim,
+                            std::uint32_t box_cols, std::uint32_t box_rows);
 // A unit stride along D, a 16-byte aligned data pointer and token/head strides (TMA, and the
 // kernels' vector stores).
 void check_layout(const std::string& fn, const char* name, const TensorView& t);
