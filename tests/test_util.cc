@@ -173,19 +173,29 @@ void naive_backward(const TensorView& dout, const TensorView& q, const TensorVie
       const FloatRow r = float_row(dm, options, q, k, mask, x, h);
       const std::int64_t hk = h / group;
       std::vector<float> dp(r.keys.size());
-      float delta = 0;
       for (std::size_t i = 0; i < r.keys.size(); ++i) {
         float acc = 0;
         for (std::int64_t d = 0; d < dm.d; ++d) acc += at(dout, x, h, d) * at(v, r.keys[i], hk, d);
         dp[i] = acc;
-        delta += r.p[i] * acc;
+      }
+      // delta = <dout, out> with out as the forward stored it (rounded to out_dtype): what a
+      // backward that takes the forward's output gets.
+      float delta = 0;
+      for (std::int64_t d = 0; d < dm.d; ++d) {
+        float o = 0;
+        for (std::size_t i = 0; i < r.keys.size(); ++i) o += r.p[i] * at(v, r.keys[i], hk, d);
+        delta += at(dout, x, h, d) * static_cast<float>(round_to(out_dtype, o));
       }
       for (std::size_t i = 0; i < r.keys.size(); ++i) {
         const std::int64_t y = r.keys[i];
         float ds = r.p[i] * (dp[i] - delta);
         if (options.softcap > 0) ds *= 1 - r.tanh_u[i] * r.tanh_u[i];
+        // P and dS enter the gradient products in the input precision, as in any backward whose
+        // products run in it (tensor cores take bf16/fp16 operands).
+        ds = static_cast<float>(round_to(out_dtype, ds));
+        const float p = static_cast<float>(round_to(out_dtype, r.p[i]));
         for (std::int64_t d = 0; d < dm.d; ++d) {
-          gv[(y * dm.hk + hk) * dm.d + d] += r.p[i] * at(dout, x, h, d);
+          gv[(y * dm.hk + hk) * dm.d + d] += p * at(dout, x, h, d);
           gq[(x * dm.hq + h) * dm.d + d] += static_cast<float>(dm.scale) * ds * at(k, y, hk, d);
           gk[(y * dm.hk + hk) * dm.d + d] += static_cast<float>(dm.scale) * ds * at(q, x, h, d);
         }

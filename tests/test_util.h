@@ -42,6 +42,11 @@ std::vector<char> enumerate_pairs(const std::vector<Slice>& slices, std::int64_t
 void naive_forward(const TensorView& q, const TensorView& k, const TensorView& v, const Mask& mask,
                    const AttentionOptions& options, DType out_dtype, Tensor& out, Tensor& lse);
 // Its gradients, float arithmetic, rounded to `out_dtype`; fp64 tensors shaped like q, k, v.
+// Like every backward that is given the forward's output and runs its products in the input
+// precision (flexcp's, FlashAttention's, cuDNN's), it takes the row sums delta = <dout, out> from
+// out rounded to `out_dtype`, and rounds P and dS to it before the products for dV, dK and dQ:
+// those roundings are part of the input precision's error. (Without them, flexcp's GPU backward
+// was 1.1-1.4x over the bound on single-row cases, tq = 1, where no sum averages them.)
 void naive_backward(const TensorView& dout, const TensorView& q, const TensorView& k,
                     const TensorView& v, const Mask& mask, const AttentionOptions& options,
                     DType out_dtype, Tensor& dq, Tensor& dk, Tensor& dv);

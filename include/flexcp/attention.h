@@ -24,6 +24,10 @@ struct AttentionOptions {
   // For device tensors: the cudaStream_t the kernel runs on (null: the legacy default stream).
   // The call returns once the work is queued; results are ready when the stream reaches it.
   void* cuda_stream = nullptr;
+  // Backward on the GPU: dQ in a fixed order, the same bits on every run (a q-tile-major pass
+  // recomputes S and dP: about 1.4x the work of the default, which sums dQ in arrival order).
+  // The CPU backward, and dK, dV and dsink on the GPU, are deterministic either way.
+  bool deterministic = false;
 };
 
 // out[q] = sum_k softmax_k(s(q, k)) v[k] over the keys q attends; lse[q] = log sum_k exp(s(q, k))
@@ -37,7 +41,7 @@ FLEXCP_API void forward(const AttentionPlan& plan, const TensorView& q, const Te
 // written when the options carry a sink and dsink is not empty. The plan must have been built for
 // the backward (AttentionPlanOptions). On the CPU the same inputs give the same bits; on the GPU
 // dK, dV and dsink do, and dQ is summed in fp32 in the order its parts arrive (within the
-// tolerance, not bit for bit).
+// tolerance, not bit for bit) unless options.deterministic asks for a fixed order.
 FLEXCP_API void backward(const AttentionPlan& plan, const TensorView& dout, const TensorView& q,
                          const TensorView& k, const TensorView& v, const TensorView& out,
                          const TensorView& lse, const TensorView& dq, const TensorView& dk,

@@ -330,9 +330,10 @@ NB_MODULE(_flexcp, m) {
       [](const Array& dout, const Array& q, const Array& k, const Array& v, const Array& out,
          const Array& lse, const Mask& mask, const MutableArray& dq, const MutableArray& dk,
          const MutableArray& dv, double scale, double softcap, const nb::object& sink,
-         const nb::object& dsink, std::uintptr_t stream) {
+         const nb::object& dsink, bool deterministic, std::uintptr_t stream) {
         const char* fn = "flexcp.attention (backward)";
-        const AttentionOptions o = options_of(scale, softcap, sink, stream, fn);
+        AttentionOptions o = options_of(scale, softcap, sink, stream, fn);
+        o.deterministic = deterministic;
         const TensorView tdo = view_of(dout, fn, "grad of out"), tq = view_of(q, fn, "q"),
                          tk = view_of(k, fn, "k"), tv = view_of(v, fn, "v"),
                          to = view_of(out, fn, "out"), tl = view_of(lse, fn, "lse"),
@@ -343,7 +344,8 @@ NB_MODULE(_flexcp, m) {
       },
       nb::arg("dout"), nb::arg("q"), nb::arg("k"), nb::arg("v"), nb::arg("out"), nb::arg("lse"),
       nb::arg("mask"), nb::arg("dq"), nb::arg("dk"), nb::arg("dv"), nb::arg("scale"),
-      nb::arg("softcap"), nb::arg("sink").none(), nb::arg("dsink").none(), nb::arg("stream"));
+      nb::arg("softcap"), nb::arg("sink").none(), nb::arg("dsink").none(), nb::arg("deterministic"),
+      nb::arg("stream"));
 
   nb::class_<DistContext>(m, "DistContext")
       .def("empty", &DistContext::empty)

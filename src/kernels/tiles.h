@@ -34,6 +34,12 @@ inline constexpr int kSm90BlockN = 128;
 // buffers and the statistics take 160 KiB of shared memory.
 inline constexpr int kSm90BwdBlockM = 64;
 inline constexpr int kSm90BwdBlockN = 128;
+// sm90 deterministic dQ pass (q-tile-major). One CTA owns kSm90BwdDqBlockM rows of one q head (two
+// consumer warp groups of 64 rows) and walks K/V in blocks of kSm90BwdDqBlockN keys: the dQ
+// accumulator (64 fp32 registers a thread at head dim 128) with one 64-key S and dP tile (32
+// each) fit the 240-register budget; two Q and dO stages and two K/V stages take 192 KiB.
+inline constexpr int kSm90BwdDqBlockM = 128;
+inline constexpr int kSm90BwdDqBlockN = 64;
 // q heads of one kv head packed into a tile's rows: the largest power of two dividing the group
 // (so that a tile holds whole heads and K/V blocks load once for all of them), at most the tile.
 inline int sm90_pack(std::int64_t group) {

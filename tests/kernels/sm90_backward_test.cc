@@ -20,7 +20,7 @@ struct Inputs {
   AttentionOptions options;
 };
 
-Inputs make_inputs(const test::KernelCase& c, std::mt19937_64& rng) {
+Inputs make_inputs(const test::KernelCase& c, std::mt19937_64& rng, bool deterministic = false) {
   Inputs in{test::random_tensor(rng, c.dtype, {c.tq, c.hq, c.d}, 2.0),
             test::random_tensor(rng, c.dtype, {c.tk, c.hk, c.d}, 2.0),
             test::random_tensor(rng, c.dtype, {c.tk, c.hk, c.d}),
@@ -29,6 +29,7 @@ Inputs make_inputs(const test::KernelCase& c, std::mt19937_64& rng) {
             {}};
   in.options.scale = c.scale;
   in.options.softcap = c.softcap;
+  in.options.deterministic = deterministic;
   if (c.sink) {
     in.sink = test::random_tensor(rng, DType::kFloat32, {c.hq}, 2.0);
     in.options.sink = in.sink.view;
@@ -60,11 +61,12 @@ DeviceGrads run_on_device(const test::KernelCase& c, const Inputs& in, const Mas
   return g;
 }
 
-void check_case(const test::KernelCase& c, const Mask& mask, std::mt19937_64& rng) {
-  SCOPED_TRACE(c.name + " tq=" + std::to_string(c.tq) + " tk=" + std::to_string(c.tk) +
-               " hq=" + std::to_string(c.hq) + " hk=" + std::to_string(c.hk) +
-               " d=" + std::to_string(c.d) + " dtype=" + dtype_name(c.dtype));
-  const Inputs in = make_inputs(c, rng);
+void check_gradients(const test::KernelCase& c, const Mask& mask, std::mt19937_64& rng,
+                     bool deterministic) {
+  SCOPED_TRACE(c.name + " tq=" + std::to_string(c.tq) + " tk=" + std::to_string(c.tk) + " hq=" +
+               std::to_string(c.hq) + " hk=" + std::to_string(c.hk) + " d=" + std::to_string(c.d) +
+               " dtype=" + dtype_name(c.dtype) + (deterministic ? " deterministic" : ""));
+  const Inputs in = make_inputs(c, rng, deterministic);
   const AttentionOptions& o = in.options;
   Tensor ref_dq(DType::kFloat64, {c.tq, c.hq, c.d}), ref_dk(DType::kFloat64, {c.tk, c.hk, c.d}),
       ref_dv(DType::kFloat64, {c.tk, c.hk, c.d}), ref_dsink(DType::kFloat64, {c.hq});
@@ -91,6 +93,10 @@ void check_case(const test::KernelCase& c, const Mask& mask, std::mt19937_64& rn
                 2 * std::abs(naive.get(h) - ref_dsink.get(h)) + 1e-3)
           << "head " << h;
   }
+}
+
+void check_case(const test::KernelCase& c, const Mask& mask, std::mt19937_64& rng) {
+  check_gradients(c, mask, rng, /*deterministic=*/false);
 }
 
 TEST(Sm90Backward, StandardMasks) {
@@ -127,7 +133,7 @@ TEST(Sm90Backward, LongVarlen) {
 }
 
 // dK and dV are written once per key tile in a fixed order: the same bits on every run. dQ is
-// summed with atomics in arrival order (the fast mode): equal within the tolerance only.
+// summed by TMA reductions in arrival order (the default mode): equal within the tolerance only.
 TEST(Sm90Backward, KeyGradientsRepeatBitForBit) {
   SKIP_WITHOUT_GPU();
   std::mt19937_64 rng(86);
@@ -187,9 +193,55 @@ TEST(Sm90Backward, APlanBoundOnceRunsBothDirections) {
   cuda_ok(cudaFree(ws));
   EXPECT_EQ(dk.bytes, want.dk.bytes);
   EXPECT_EQ(dv.bytes, want.dv.bytes);
-  // dQ: atomics in arrival order; the reference check of the other tests bounds it, here it must
-  // agree with the per-call result to within a few units in the last place of the dtype.
+  // dQ: TMA reductions in arrival order; the reference check of the other tests bounds it, here it
+  // must agree with the per-call result to within a few units in the last place of the dtype.
   EXPECT_LE(test::max_abs_diff(test::as_fp64(dq), test::as_fp64(want.dq)), 2e-2);
+}
+
+// The deterministic mode (dQ from its own q-tile-major pass, the main kernel without its dQ
+// product) against the reference on the same cases as the default mode.
+TEST(Sm90Backward, DeterministicMatchesTheReference) {
+  SKIP_WITHOUT_GPU();
+  std::mt19937_64 rng(88);
+  auto deterministic = [](const test::KernelCase& c, const Mask& mask, std::mt19937_64& r) {
+    check_gradients(c, mask, r, /*deterministic=*/true);
+  };
+  test::standard_masks(deterministic, rng);
+  test::random_slice_sets(deterministic, rng);
+  test::softcap_sink_and_scale(deterministic, rng);
+}
+
+TEST(Sm90Backward, DeterministicFullyMaskedRowsAndEmptyMasks) {
+  SKIP_WITHOUT_GPU();
+  std::mt19937_64 rng(90);
+  test::fully_masked_rows_and_empty_masks(
+      [](const test::KernelCase& c, const Mask& mask, std::mt19937_64& r) {
+        check_gradients(c, mask, r, /*deterministic=*/true);
+      },
+      rng);
+}
+
+// deterministic = true: every gradient, dQ included, the same bits on every run, on a document
+// mask with GQA and a sink, with more (q tile, head) items than SMs so that the walk wraps.
+TEST(Sm90Backward, DeterministicRepeatsBitForBit) {
+  SKIP_WITHOUT_GPU();
+  std::mt19937_64 rng(89);
+  test::KernelCase c{"deterministic-repeat", 4100, 4100, 8, 2, 128};
+  c.sink = true;
+  const Mask mask = masks::varlen_causal({1500, 2000, 77, 523});
+  const Inputs in = make_inputs(c, rng, /*deterministic=*/true);
+  const DeviceGrads a = run_on_device(c, in, mask), b = run_on_device(c, in, mask);
+  EXPECT_EQ(a.dq.bytes, b.dq.bytes);
+  EXPECT_EQ(a.dk.bytes, b.dk.bytes);
+  EXPECT_EQ(a.dv.bytes, b.dv.bytes);
+  EXPECT_EQ(a.dsink.bytes, b.dsink.bytes);
+  // And the two modes agree to within rounding (the default mode's dQ sums in another order).
+  Inputs fast = in;
+  fast.options.deterministic = false;
+  const DeviceGrads f = run_on_device(c, fast, mask);
+  EXPECT_LE(test::max_abs_diff(test::as_fp64(a.dq), test::as_fp64(f.dq)), 2e-2);
+  EXPECT_EQ(a.dk.bytes, f.dk.bytes);
+  EXPECT_EQ(a.dv.bytes, f.dv.bytes);
 }
 
 }  // namespace

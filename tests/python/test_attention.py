@@ -23,14 +23,16 @@ def inputs(seed, tq, tk, hq, hk, d, dtype, sink=False):
     return q, k, v, dout, s
 
 
-def check(mask, hq, hk, d, dtype, seed, scale=None, softcap=0.0, with_sink=False, device="cpu"):
+def check(mask, hq, hk, d, dtype, seed, scale=None, softcap=0.0, with_sink=False, device="cpu",
+          deterministic=False):
     tq, tk = mask.seqlen_q, mask.seqlen_k
     q, k, v, dout, sink = inputs(seed, tq, tk, hq, hk, d, dtype, with_sink)
     dense = dense_mask(mask)
     # flexcp, with gradients.
     qg, kg, vg = (t.clone().to(device).requires_grad_() for t in (q, k, v))
     sg = sink.clone().to(device).requires_grad_() if sink is not None else None
-    out, lse = flexcp.attention(qg, kg, vg, mask, scale=scale, softcap=softcap, sink=sg)
+    out, lse = flexcp.attention(qg, kg, vg, mask, scale=scale, softcap=softcap, sink=sg,
+                                deterministic=deterministic)
     assert out.dtype == dtype and lse.dtype == torch.float32
     out.backward(dout.to(device))
     got = [t.cpu().double() for t in (out, qg.grad, kg.grad, vg.grad)]
@@ -147,6 +149,10 @@ needs_cuda = pytest.mark.skipif(not torch.cuda.is_available() or not flexcp.buil
     dict(mask=("random", 113, 239), hq=4, hk=1, d=64, dtype=torch.float16, with_sink=True),
     dict(mask=("causal", 257), hq=2, hk=2, d=128, dtype=torch.bfloat16, softcap=5.0),
     dict(mask=("random", 1023, 300), hq=16, hk=2, d=64, dtype=torch.bfloat16, scale=0.3),
+    dict(mask=("varlen_causal", [300, 1, 129, 200]), hq=8, hk=2, d=128, dtype=torch.bfloat16,
+         deterministic=True),
+    dict(mask=("random", 113, 239), hq=4, hk=1, d=64, dtype=torch.float16, with_sink=True,
+         deterministic=True),
 ])
 def test_cuda_values_and_gradients_match_the_reference(case):
     case = dict(case)
@@ -157,6 +163,20 @@ def test_cuda_values_and_gradients_match_the_reference(case):
     else:
         mask = getattr(flexcp.masks, kind)(*args)
     check(mask, seed=91, device="cuda", **case)
+
+
+@needs_cuda
+def test_cuda_deterministic_gradients_repeat_bit_for_bit():
+    mask = flexcp.masks.varlen_causal([600, 800, 13, 700])
+    q, k, v, dout, sink = inputs(42, 2113, 2113, 8, 2, 128, torch.bfloat16, sink=True)
+    results = []
+    for _ in range(2):
+        qg, kg, vg, sg = (t.cuda().requires_grad_() for t in (q, k, v, sink))
+        out, _ = flexcp.attention(qg, kg, vg, mask, sink=sg, deterministic=True)
+        out.backward(dout.cuda())
+        results.append([qg.grad, kg.grad, vg.grad, sg.grad])
+    for a, b in zip(*results):
+        assert torch.equal(a, b)
 
 
 @needs_cuda

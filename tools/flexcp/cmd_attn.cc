@@ -22,6 +22,7 @@ struct AttnArgs {
   std::string dtype = "fp32";
   double scale = 0.0;
   double softcap = 0.0;
+  bool deterministic = false;
 };
 
 HostTensor load(const std::string& path, DType dtype, int ndim, const char* name) {
@@ -95,6 +96,7 @@ void run_attn(const AttnArgs& a) {
   AttentionOptions options;
   options.scale = a.scale;
   options.softcap = a.softcap;
+  options.deterministic = a.deterministic;
   std::optional<HostTensor> sink;
   if (!a.sink.empty()) {
     sink.emplace(load(a.sink, DType::kFloat32, 1, "sink"));
@@ -152,6 +154,8 @@ void add_attn_command(CLI::App& app) {
       ->capture_default_str();
   cmd->add_option("--scale", args->scale, "Logit scale (default 1/sqrt(D))");
   cmd->add_option("--softcap", args->softcap, "Logit softcap (0: none)");
+  cmd->add_flag("--deterministic", args->deterministic,
+                "Backward with dQ in a fixed order (bitwise repeatable; the CPU's always is)");
   cmd->callback([args] { run_attn(*args); });
 }
 

@@ -23,6 +23,7 @@ struct BenchArgs {
   ShapeArgs shape{8, 8, 128, "bf16"};
   std::string device = "cpu";
   bool backward = false;
+  bool deterministic = false;
   bool json = false;
   int warmup = 1, repeat = 3;
 };
@@ -36,7 +37,7 @@ struct Times {
 // and lse; fwd+bwd times the pair back to back.
 Times time_on_device(const HostTensor& q, const HostTensor& k, const HostTensor& v,
                      const Mask& mask, HostTensor& out, HostTensor& lse, const HostTensor* dout,
-                     int warmup, int repeat) {
+                     const AttentionOptions& options, int warmup, int repeat) {
 #if defined(FLEXCP_TOOLS_CUDA)
   const DeviceTensor dq(q), dk(k), dv(v), dout_(out), dlse(lse);
   AttentionShape shape{mask.seqlen_q(), mask.seqlen_k(), q.shape()[1], k.shape()[1],
@@ -50,7 +51,7 @@ Times time_on_device(const HostTensor& q, const HostTensor& k, const HostTensor&
   const DeviceTensor g(*dout), gq(q), gk(k), gv(v);
   auto bwd = [&] {
     backward(plan, g.view(), dq.view(), dk.view(), dv.view(), dout_.view(), dlse.view(), gq.view(),
-             gk.view(), gv.view());
+             gk.view(), gv.view(), options);
   };
   t.bwd = median_device_seconds(bwd, std::max(warmup, 1), repeat);
   t.fwd_bwd = median_device_seconds(
@@ -61,7 +62,7 @@ Times time_on_device(const HostTensor& q, const HostTensor& k, const HostTensor&
       std::max(warmup, 1), repeat);
   return t;
 #else
-  static_cast<void>(std::tie(q, k, v, mask, out, lse, dout, warmup, repeat));
+  static_cast<void>(std::tie(q, k, v, mask, out, lse, dout, options, warmup, repeat));
   throw Error(
       Status::kNotCompiled,
       "flexcp bench: --device cuda: this build has no CUDA kernels (configured without CUDA)");
@@ -86,7 +87,8 @@ void run_bench(const BenchArgs& a) {
                              " Tk=" + std::to_string(tk) + " H=" + std::to_string(a.shape.heads) +
                              " HK=" + std::to_string(a.shape.heads_kv) +
                              " D=" + std::to_string(a.shape.head_dim) + " dtype=" + a.shape.dtype +
-                             " device=" + a.device + " dir=" + dir;
+                             " device=" + a.device + " dir=" + dir +
+                             (a.deterministic ? " deterministic=1" : "");
     if (a.json) {
       results.push_back({{"mask", describe_mask(a.mask)},
                          {"seqlen_q", tq},
@@ -97,6 +99,7 @@ void run_bench(const BenchArgs& a) {
                          {"dtype", a.shape.dtype},
                          {"device", a.device},
                          {"direction", dir},
+                         {"deterministic", a.deterministic},
                          {"area", mask.area()},
                          {"time_us", seconds * 1e6},
                          {"tflops", tflops}});
@@ -109,9 +112,12 @@ void run_bench(const BenchArgs& a) {
     dout.emplace(dtype, std::vector<std::int64_t>{tq, a.shape.heads, a.shape.head_dim});
     dout->fill_uniform(rng, 1.0f);
   }
+  AttentionOptions options;
+  options.deterministic = a.deterministic;
   Times t;
   if (a.device == "cuda") {
-    t = time_on_device(q, k, v, mask, out, lse, dout ? &*dout : nullptr, a.warmup, a.repeat);
+    t = time_on_device(q, k, v, mask, out, lse, dout ? &*dout : nullptr, options, a.warmup,
+                       a.repeat);
   } else {
     // On the CPU too the plan is built once, so that the times are the kernels'.
     const AttentionShape shape{tq, tk, a.shape.heads, a.shape.heads_kv, a.shape.head_dim, dtype};
@@ -153,6 +159,8 @@ void add_bench_command(CLI::App& app) {
       ->check(CLI::IsMember({"cpu", "cuda"}))
       ->capture_default_str();
   cmd->add_flag("--backward", args->backward, "Time the backward too");
+  cmd->add_flag("--deterministic", args->deterministic,
+                "Backward with dQ in a fixed order (bitwise repeatable; the CPU's always is)");
   cmd->add_flag("--json", args->json, "One JSON array instead of text lines");
   cmd->add_option("--warmup", args->warmup, "Untimed runs first")
       ->check(CLI::NonNegativeNumber)

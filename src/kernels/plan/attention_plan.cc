@@ -34,6 +34,7 @@ void lay_out_plan(AttentionPlan::Impl& m, WorkspaceWriter& writer) {
   m.device_rows = lay_out(m.rows, writer);
   if (!m.backward) return;
   m.device_cols = lay_out(m.cols, writer);
+  m.device_dq_rows = lay_out(m.dq_rows, writer);
   m.scratch = sm90::lay_out_bwd_scratch(m.shape, writer);
 }
 
@@ -160,6 +161,16 @@ AttentionPlan make_attention_plan(const std::vector<Band>& work, const Attention
       c.fail("the backward's work list has " + std::to_string(impl->cols.entries.size()) +
              " entries and " + std::to_string(bwd_items) +
              " (key tile, head) items; the CUDA kernel takes at most 2^31 - 1 of each");
+    impl->dq_rows = build_work_list(bands, tq, tk,
+                                    {.order = WorkListOrder::kRowMajor,
+                                     .tile_rows = tiles::kSm90BwdDqBlockM,
+                                     .block_cols = tiles::kSm90BwdDqBlockN});
+    const std::int64_t dq_items = impl->dq_rows.num_tiles() * shape.heads_q;
+    if (impl->dq_rows.entries.size() > static_cast<std::size_t>(INT32_MAX) || dq_items > INT32_MAX)
+      c.fail("the deterministic dQ pass's work list has " +
+             std::to_string(impl->dq_rows.entries.size()) + " entries and " +
+             std::to_string(dq_items) +
+             " (q tile, head) items; the CUDA kernel takes at most 2^31 - 1 of each");
   }
   WorkspaceWriter sizer(0, nullptr);
   lay_out_plan(*impl, sizer);

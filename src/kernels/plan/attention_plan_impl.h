@@ -19,6 +19,9 @@ struct AttentionPlan::Impl {
   // k-tile-major: the backward's dK/dV pass (CPU), or the whole backward (sm90). Empty in a
   // forward-only plan.
   WorkList cols;
+  // q-tile-major in the sm90 dQ pass's tiles: the deterministic backward's dQ (sm90 backward
+  // plans only).
+  WorkList dq_rows;
   bool backward = true;
   int pack = 1;  // sm90: q heads packed into one tile's rows (tiles::sm90_pack)
 
@@ -27,6 +30,7 @@ struct AttentionPlan::Impl {
   void* workspace = nullptr;      // bound device memory, or null
   DeviceWorkList device_rows;     // views of `rows` in the workspace, once bound
   DeviceWorkList device_cols;     // and of `cols` (backward plans)
+  DeviceWorkList device_dq_rows;  // and of `dq_rows` (sm90 backward plans)
   sm90::BwdScratch scratch;       // the backward's scratch (backward plans)
 };
 

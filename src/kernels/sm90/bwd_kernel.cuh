@@ -9,8 +9,9 @@
 //   dQ = dS K                                (wgmma from shared memory: both groups' dS, each
 //                                             group half of the head dimension)
 // stages its half of dQ in shared memory, from where one thread of the group adds it to the fp32
-// accumulator with TMA reductions. dK and dV are written once, at the end of the item. The preprocessing (delta, lse2) and postprocessing (dQ in the input dtype, the
-// sink's gradient) are in bwd_rowstats.cu.
+// accumulator with TMA reductions. dK and dV are written once, at the end of the item. The
+// preprocessing (delta, lse2) and postprocessing (dQ in the input dtype, the sink's gradient) are
+// in bwd_rowstats.cu.
 #pragma once
 
 #include <cutlass/arch/barrier.h>
@@ -21,6 +22,7 @@
 #include <cutlass/pipeline/pipeline.hpp>
 
 #include "kernels/lse_merge.h"
+#include "kernels/sm90/bwd_common.cuh"
 #include "kernels/sm90/bwd_params.h"
 #include "kernels/sm90/kernel_common.cuh"
 #include "kernels/sm90/tile_scheduler.cuh"
@@ -30,7 +32,7 @@ namespace flexcp::sm90 {
 
 // The backward's named barriers (ids above CUTLASS's reserved ones).
 enum class BwdBarrier : std::uint32_t {
-  kDsReady = 0,  // both consumer groups have written their dS^T of the block to shared memory
+  kDsReady = 0,   // both consumer groups have written their dS^T of the block to shared memory
   kDqStaged = 1,  // one group has staged its dQ (ids 1 and 2: one per group)
 };
 
@@ -161,36 +163,20 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
   constexpr int kBlockN = Cfg::kBlockN;
 
   extern __shared__ char smem_raw[];
-  // Aligned by pointer arithmetic on the shared array (not through an integer), so that the
-  // compiler keeps the shared address space and plain loads of it are shared-memory loads.
-  auto& ss = *reinterpret_cast<typename Cfg::SharedStorage*>(
-      smem_raw + ((1024 - (reinterpret_cast<std::uintptr_t>(smem_raw) & 1023)) & 1023));
-
+  auto& ss = detail::shared_storage<typename Cfg::SharedStorage>(smem_raw);
   const int wg = threadIdx.x / 128;
   const bool producer = wg == 0;
-  const bool leader = threadIdx.x == 0;
-  using Role = typename PipelineQ::ThreadCategory;
-  const Role role = producer ? Role::Producer : Role::Consumer;
-
-  typename PipelineQ::Params qp;
-  qp.transaction_bytes = Cfg::kQBytes + Cfg::kStatsBytes;
-  qp.role = role;
-  qp.is_leader = leader;
-  qp.num_consumers = 128 * Cfg::kConsumers;
-  typename PipelineKV::Params kvp;
-  kvp.transaction_bytes = 2 * Cfg::kKVBytes;
-  kvp.role = static_cast<typename PipelineKV::ThreadCategory>(role);
-  kvp.is_leader = leader;
-  kvp.num_consumers = 128 * Cfg::kConsumers;
+  constexpr int kConsumerThreads = 128 * Cfg::kConsumers;
+  // Q and dO each with its row statistics (one pipeline each, the same parameters).
+  const auto qp = detail::tma_pipeline_params<PipelineQ>(producer, Cfg::kQBytes + Cfg::kStatsBytes,
+                                                         kConsumerThreads);
   PipelineQ pipe_q(ss.pipe_q, qp, Shape<_1, _1, _1>{});
   PipelineQ pipe_do(ss.pipe_do, qp, Shape<_1, _1, _1>{});
-  PipelineKV pipe_kv(ss.pipe_kv, kvp, Shape<_1, _1, _1>{});
-  typename PipelineItem::Params ip;
-  ip.role =
-      producer ? PipelineItem::ThreadCategory::Producer : PipelineItem::ThreadCategory::Consumer;
-  ip.producer_arv_count = 1;
-  ip.consumer_arv_count = 128 * Cfg::kConsumers;
-  PipelineItem pipe_item(ss.items.pipe, ip);
+  PipelineKV pipe_kv(
+      ss.pipe_kv,
+      detail::tma_pipeline_params<PipelineKV>(producer, 2 * Cfg::kKVBytes, kConsumerThreads),
+      Shape<_1, _1, _1>{});
+  PipelineItem pipe_item(ss.items.pipe, Cfg::Items::params(producer, kConsumerThreads));
   __syncthreads();  // barriers initialised before anyone waits on them
 
   if (producer) {
@@ -202,7 +188,6 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
     }
     prefetch_tma_descriptor(&p.tma_k);
     prefetch_tma_descriptor(&p.tma_v);
-    constexpr std::uint64_t kHint = static_cast<std::uint64_t>(TMA::CacheHintSm90::EVICT_NORMAL);
     auto q_state = cutlass::make_producer_start_state<PipelineQ>();
     auto do_state = cutlass::make_producer_start_state<PipelineQ>();
     auto kv_state = cutlass::make_producer_start_state<PipelineKV>();
@@ -217,14 +202,12 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
       const detail::BwdItem it = detail::decode_bwd_item(p, i);
       if (it.e_begin == it.e_end) continue;
       pipe_kv.producer_acquire(kv_state);
-      for (int c = 0; c < Cfg::kPanels; ++c) {
-        SM90_TMA_LOAD_3D::copy(&p.tma_k, pipe_kv.producer_get_barrier(kv_state), kHint,
-                               ss.k.data() + c * kBlockN * 64, c * 64, it.tile * kBlockN,
-                               it.kv_head);
-        SM90_TMA_LOAD_3D::copy(&p.tma_v, pipe_kv.producer_get_barrier(kv_state), kHint,
-                               ss.v.data() + c * kBlockN * 64, c * 64, it.tile * kBlockN,
-                               it.kv_head);
-      }
+      using detail::load_tile;
+      auto* bar_kv = pipe_kv.producer_get_barrier(kv_state);
+      load_tile<Cfg::kPanels, kBlockN>(&p.tma_k, bar_kv, ss.k.data(), it.tile * kBlockN,
+                                       it.kv_head);
+      load_tile<Cfg::kPanels, kBlockN>(&p.tma_v, bar_kv, ss.v.data(), it.tile * kBlockN,
+                                       it.kv_head);
       ++kv_state;
       for (int j = 0; j < p.group; ++j) {
         const int hq = it.kv_head * p.group + j;
@@ -234,9 +217,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
             pipe_q.producer_acquire(q_state);
             auto* bar_q = pipe_q.producer_get_barrier(q_state);
             Element* q_dst = ss.q.data() + q_state.index() * kBlockM * kHeadDim;
-            for (int c = 0; c < Cfg::kPanels; ++c)
-              SM90_TMA_LOAD_3D::copy(&p.tma_q, bar_q, kHint, q_dst + c * kBlockM * 64, c * 64, c0,
-                                     hq);
+            load_tile<Cfg::kPanels, kBlockM>(&p.tma_q, bar_q, q_dst, c0, hq);
             const std::int64_t stats = hq * p.stats_stride + (c0 & ~3);
             SM90_BULK_COPY_G2S::copy(p.lse2 + stats, bar_q,
                                      ss.lse2.data() + q_state.index() * kBwdStatsLoad,
@@ -245,9 +226,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
             pipe_do.producer_acquire(do_state);
             auto* bar_do = pipe_do.producer_get_barrier(do_state);
             Element* do_dst = ss.dout.data() + do_state.index() * kBlockM * kHeadDim;
-            for (int c = 0; c < Cfg::kPanels; ++c)
-              SM90_TMA_LOAD_3D::copy(&p.tma_do, bar_do, kHint, do_dst + c * kBlockM * 64, c * 64,
-                                     c0, hq);
+            load_tile<Cfg::kPanels, kBlockM>(&p.tma_do, bar_do, do_dst, c0, hq);
             SM90_BULK_COPY_G2S::copy(p.delta + stats, bar_do,
                                      ss.delta.data() + do_state.index() * kBwdStatsLoad,
                                      Cfg::kStatsBytes);
@@ -350,16 +329,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
     warpgroup_fence_operand(tSrS);
 
     // Softcap (t kept implicitly: recomputed from P for the gradient), mask, exponentiate.
-    if (p.softcap > 0.f) {
-      CUTLASS_PRAGMA_UNROLL
-      for (int x = 0; x < size(tSrS); ++x)
-        tSrS(x) =
-            detail::softcap_from_exp(detail::exp2_approx(tSrS(x) * p.softcap_scale), p.softcap) *
-            kLog2e;
-    } else {
-      CUTLASS_PRAGMA_UNROLL
-      for (int x = 0; x < size(tSrS); ++x) tSrS(x) *= p.scale_log2;
-    }
+    detail::logits_log2(p, tSrS);
     const int end = int(entry.end);
     if (entry.mask != EntryMask::kNone || c0 + kBlockM > end || key0 + kBlockN > p.seqlen_k) {
       const Band band = p.work.bands[entry.band];
@@ -393,18 +363,12 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
       CUTLASS_PRAGMA_UNROLL
       for (int j = 0; j < kBlockM / 8; ++j) CUTLASS_PRAGMA_UNROLL
       for (int c = 0; c < 2; ++c) {
-        const float d = delta[8 * j + c];
+        const float d = delta[8 * j + c], l = lse2[8 * j + c];
         CUTLASS_PRAGMA_UNROLL
         for (int h = 0; h < 2; ++h) {
           const int x = c + 2 * h + 4 * j;
-          const float pv = tSrS(x);
-          float ds = pv * (tSrdP(x) - d);
-          if constexpr (decltype(softcapped)::value) {
-            // s log2(e) = log2(P) + lse2, t = s / softcap; a masked pair (P = 0) has no gradient.
-            const float t = (detail::log2_approx(pv) + lse2[8 * j + c]) * p.softcap_t;
-            ds = pv > 0.f ? ds * (1.f - t * t) : 0.f;
-          }
-          tSrdP(x) = ds;
+          tSrdP(x) =
+              detail::grad_logit<decltype(softcapped)::value>(tSrS(x), tSrdP(x), d, l, p.softcap_t);
         }
       }
     };
@@ -417,18 +381,20 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
 
     // dV += P^T dO while dS^T goes to shared memory for dQ.
     issue_rs(mma_kv, tKVrP, tKVrdO(_, _, _, do_state.index()), tdVrdV);
-    {
-      Tensor rdS = make_tensor(tKVrdS.data(), tSrdP.layout());  // the accumulator's shape
-      copy(store_ds, thr_store_ds.retile_S(rdS), tDSsdS(_, _, _, ds_stage));
+    if (p.accumulate_dq) {
+      {
+        Tensor rdS = make_tensor(tKVrdS.data(), tSrdP.layout());  // the accumulator's shape
+        copy(store_ds, thr_store_ds.retile_S(rdS), tDSsdS(_, _, _, ds_stage));
+      }
+      cutlass::arch::fence_view_async_shared();  // the writes, visible to the tensor cores
+      // The previous block's dQ reduction has read this group's staging tile before it is
+      // written again below (every thread of the group passes the barrier after its leader).
+      if (group_leader) tma_store_wait<0>();
+      cutlass::arch::NamedBarrier::sync(256, static_cast<std::uint32_t>(BwdBarrier::kDsReady));
+      issue_ss(mma_dq, tDQrdS(_, _, _, ds_stage), tDQrK, tdQrdQ);
     }
-    cutlass::arch::fence_view_async_shared();  // the writes, visible to the tensor cores
-    // The previous block's dQ reduction has read this group's staging tile before it is written
-    // again below (every thread of the group passes the barrier after its leader).
-    if (group_leader) tma_store_wait<0>();
-    cutlass::arch::NamedBarrier::sync(256, static_cast<std::uint32_t>(BwdBarrier::kDsReady));
-    issue_ss(mma_dq, tDQrdS(_, _, _, ds_stage), tDQrK, tdQrdQ);
     issue_rs(mma_kv, tKVrdS, tKVrQ(_, _, _, q_state.index()), tdKrdK);
-    warpgroup_wait<1>();  // dV and dQ done (groups complete in order)
+    warpgroup_wait<1>();  // dV (and dQ) done (groups complete in order)
     warpgroup_fence_operand(tdQrdQ);
     pipe_do.consumer_release(do_state);
     ++do_state;
@@ -437,31 +403,33 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
     // 16-byte chunk index XOR the row mod 8: conflict-free for these float2 stores). Rows past the
     // entry are staged as zeros: the reduction adds the whole box, and those rows may belong to
     // another entry (or attend keys whose values are not finite).
-    float* dq_stage = ss.dq.data() + half * kBlockM * Cfg::kDqCols;
-    CUTLASS_PRAGMA_UNROLL
-    for (int h = 0; h < 2; ++h) {
-      const int r = row_in_group + 8 * h;
-      const bool live = c0 + r < end;
+    if (p.accumulate_dq) {
+      float* dq_stage = ss.dq.data() + half * kBlockM * Cfg::kDqCols;
       CUTLASS_PRAGMA_UNROLL
-      for (int j = 0; j < Cfg::kDqCols / 8; ++j) {
-        const int col = 8 * (j % 4) + col_base;  // within the panel
-        const int chunk = (col / 4) ^ (r % 8);
-        float* at = dq_stage + (j / 4) * kBlockM * kBwdDqBoxCols + r * kBwdDqBoxCols + chunk * 4 +
-                    col % 4;
-        *reinterpret_cast<float2*>(at) =
-            live ? make_float2(tdQrdQ(2 * h + 4 * j), tdQrdQ(1 + 2 * h + 4 * j))
-                 : make_float2(0.f, 0.f);
+      for (int h = 0; h < 2; ++h) {
+        const int r = row_in_group + 8 * h;
+        const bool live = c0 + r < end;
+        CUTLASS_PRAGMA_UNROLL
+        for (int j = 0; j < Cfg::kDqCols / 8; ++j) {
+          const int col = 8 * (j % 4) + col_base;  // within the panel
+          const int chunk = (col / 4) ^ (r % 8);
+          float* at = dq_stage + (j / 4) * kBlockM * kBwdDqBoxCols + r * kBwdDqBoxCols + chunk * 4 +
+                      col % 4;
+          *reinterpret_cast<float2*>(at) =
+              live ? make_float2(tdQrdQ(2 * h + 4 * j), tdQrdQ(1 + 2 * h + 4 * j))
+                   : make_float2(0.f, 0.f);
+        }
       }
-    }
-    cutlass::arch::fence_view_async_shared();  // the writes, visible to the copy engine
-    cutlass::arch::NamedBarrier::sync(
-        128, static_cast<std::uint32_t>(BwdBarrier::kDqStaged) + half);
-    if (group_leader) {
-      CUTLASS_PRAGMA_UNROLL
-      for (int panel = 0; panel < Cfg::kDqPanels; ++panel)
-        SM90_TMA_REDUCE_ADD_3D::copy(&p.tma_dq, dq_stage + panel * kBlockM * kBwdDqBoxCols,
-                                     half * Cfg::kDqCols + panel * kBwdDqBoxCols, c0, hq);
-      tma_store_arrive();
+      cutlass::arch::fence_view_async_shared();  // the writes, visible to the copy engine
+      cutlass::arch::NamedBarrier::sync(128,
+                                        static_cast<std::uint32_t>(BwdBarrier::kDqStaged) + half);
+      if (group_leader) {
+        CUTLASS_PRAGMA_UNROLL
+        for (int panel = 0; panel < Cfg::kDqPanels; ++panel)
+          SM90_TMA_REDUCE_ADD_3D::copy(&p.tma_dq, dq_stage + panel * kBlockM * kBwdDqBoxCols,
+                                       half * Cfg::kDqCols + panel * kBwdDqBoxCols, c0, hq);
+        tma_store_arrive();
+      }
     }
     warpgroup_wait<0>();  // dK done: Q is no longer read
     warpgroup_fence_operand(tdKrdK);
@@ -516,7 +484,8 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
     }
     epilogue(it);
   }
-  if (group_leader) tma_store_wait<0>();  // the staging tiles stay until the last reduction read them
+  if (group_leader)
+    tma_store_wait<0>();  // the staging tiles stay until the last reduction read them
 }
 
 }  // namespace flexcp::sm90

@@ -62,6 +62,43 @@ struct BwdParams {
   float softcap = 0.f;
   float softcap_scale = 0.f;
   float softcap_t = 0.f;  // ln(2) / softcap: t = (log2(P) + lse2) softcap_t
+  // false in the deterministic mode: dQ is left to the q-tile-major pass (bwd_dq_kernel.cuh).
+  bool accumulate_dq = true;
+};
+
+// The deterministic mode's dQ pass: one CTA owns kBwdDqBlockM rows of one q head and walks the key
+// blocks of its row-major work list in order, so each dQ row is summed in one fixed order and
+// written once.
+inline constexpr int kBwdDqBlockM = tiles::kSm90BwdDqBlockM;
+inline constexpr int kBwdDqBlockN = tiles::kSm90BwdDqBlockN;
+
+struct BwdDqParams {
+  // q and dout as {D, Tq, Hq}, boxes of {64, kBwdDqBlockM, 1}; k and v as {D, Tk, Hk}, boxes of
+  // {64, kBwdDqBlockN, 1}; 128-byte swizzle, out-of-bounds rows read as zeros.
+  CUtensorMap tma_q;
+  CUtensorMap tma_do;
+  CUtensorMap tma_k;
+  CUtensorMap tma_v;
+  // The row statistics (bwd_scratch.h), read kBwdDqBlockM at a time from a tile's first row.
+  const float* lse2 = nullptr;
+  const float* delta = nullptr;
+  std::int64_t stats_stride = 0;
+  // dq, [Tq, Hq, D] with a unit stride along D, written once per (q tile, q head), scaled.
+  void* dq = nullptr;
+  std::int64_t dq_stride_t = 0, dq_stride_h = 0;
+  // The plan's q-tile-major list in this pass's tiles, with its own scheduler counters.
+  DeviceWorkList work;
+  int num_tiles = 0;
+  int seqlen_q = 0;
+  int seqlen_k = 0;
+  int group = 1;
+  int items = 0;  // num_tiles * heads_q
+  // As in BwdParams.
+  float scale = 0.f;
+  float scale_log2 = 0.f;
+  float softcap = 0.f;
+  float softcap_scale = 0.f;
+  float softcap_t = 0.f;
 };
 
 }  // namespace flexcp::sm90

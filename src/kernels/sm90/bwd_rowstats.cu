@@ -2,6 +2,8 @@
 //   before: per (row, q head) delta = <dout, out> and lse2 = lse log2(e) (+inf for a row that
 //           attends nothing), the dQ accumulator zeroed, and the sink gradient's partial sums;
 //   after:  dq = scale * accumulator in the input dtype, and dsink summed in a fixed order.
+// In the deterministic mode dq comes from its own pass (bwd_dq_kernel.cuh): the accumulator is
+// neither zeroed nor read (its pointer and dq are null here).
 // Memory-bound and simple: one warp per row, so that the reads of a row's D elements coalesce.
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
@@ -47,12 +49,11 @@ __global__ void __launch_bounds__(32 * kWarps) bwd_preprocess(const RowStatsPara
     if (t < p.seqlen_q) {
       const T* o = static_cast<const T*>(p.out) + t * p.out_stride_t + h * p.out_stride_h;
       const T* d = static_cast<const T*>(p.dout) + t * p.dout_stride_t + h * p.dout_stride_h;
-      float* acc = p.scratch.dq_accum + (t * p.heads_q + h) * p.head_dim;
       float dot = 0.f;
-      for (int c = lane; c < p.head_dim; c += 32) {
-        dot += to_float(o[c]) * to_float(d[c]);
-        acc[c] = 0.f;
-      }
+      for (int c = lane; c < p.head_dim; c += 32) dot += to_float(o[c]) * to_float(d[c]);
+      if (p.scratch.dq_accum != nullptr)  // null when dq comes from the deterministic pass
+        for (int c = lane; c < p.head_dim; c += 32)
+          p.scratch.dq_accum[(t * p.heads_q + h) * p.head_dim + c] = 0.f;
       for (int s = 16; s > 0; s /= 2) dot += __shfl_xor_sync(0xffffffffu, dot, s);
       delta = dot;
       const float lse = p.lse[t * p.lse_stride_t + h * p.lse_stride_h];
@@ -117,7 +118,7 @@ cudaError_t launch_all_before(const RowStatsParams& p, cudaStream_t stream) {
 
 template <class T>
 cudaError_t launch_all_after(const RowStatsParams& p, int sms, cudaStream_t stream) {
-  if (p.seqlen_q > 0) {
+  if (p.seqlen_q > 0 && p.dq != nullptr) {
     const std::int64_t quads = p.seqlen_q * p.heads_q * (p.head_dim / 4);
     const std::int64_t blocks = std::min<std::int64_t>((quads + 255) / 256, 8LL * sms);
     bwd_postprocess<T><<<static_cast<unsigned>(blocks), 256, 0, stream>>>(p);

@@ -12,8 +12,12 @@
 namespace flexcp::sm90 {
 
 // Row statistics a q block reads: its kSm90BwdBlockM rows from the 16-byte boundary at or below
-// its first row (bulk copies need 16-byte aligned sources), so up to 3 more.
+// its first row (bulk copies need 16-byte aligned sources), so up to 3 more. The dQ pass reads
+// kSm90BwdDqBlockM rows from a tile's first row. Each head's run is padded by kBwdStatsPad rows so
+// that both reads stay inside it.
 inline constexpr int kBwdStatsSpan = tiles::kSm90BwdBlockM + 4;
+inline constexpr int kBwdStatsPad =
+    kBwdStatsSpan > tiles::kSm90BwdDqBlockM ? kBwdStatsSpan : tiles::kSm90BwdDqBlockM;
 
 struct BwdScratch {
   // lse2 = lse * log2(e) (+inf for a row that attends nothing, so that 2^(s - lse2) is 0 even for
@@ -22,7 +26,7 @@ struct BwdScratch {
   // (lse2 +inf, delta 0) keep every such read inside its head's row.
   float* lse2 = nullptr;
   float* delta = nullptr;
-  std::int64_t stats_stride = 0;  // seqlen_q rounded up to 4, plus kBwdStatsSpan
+  std::int64_t stats_stride = 0;  // seqlen_q rounded up to 4, plus kBwdStatsPad
   // [Tq, Hq, D] fp32, zeroed by the preprocessing kernel, summed into by the main kernel.
   float* dq_accum = nullptr;
   // -sum over a block of kSm90BwdBlockM rows of exp(sink - lse) delta: [Hq, stats_blocks], summed
@@ -33,7 +37,7 @@ struct BwdScratch {
 
 inline BwdScratch lay_out_bwd_scratch(const AttentionShape& s, WorkspaceWriter& writer) {
   BwdScratch b;
-  b.stats_stride = (s.seqlen_q + 3) / 4 * 4 + kBwdStatsSpan;
+  b.stats_stride = (s.seqlen_q + 3) / 4 * 4 + kBwdStatsPad;
   b.stats_blocks = (s.seqlen_q + tiles::kSm90BwdBlockM - 1) / tiles::kSm90BwdBlockM;
   const auto stats = static_cast<std::size_t>(s.heads_q * b.stats_stride);
   b.lse2 = writer.scratch<float>("backward lse2", stats);

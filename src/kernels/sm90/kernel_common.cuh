@@ -2,6 +2,10 @@
 // transcendentals (one instruction each) with what they are accurate to.
 #pragma once
 
+#include <cuda.h>
+
+#include <cstdint>
+#include <cute/arch/copy_sm90_tma.hpp>
 #include <cute/tensor.hpp>
 
 namespace flexcp::sm90::detail {
@@ -30,6 +34,41 @@ __device__ __forceinline__ float softcap_from_exp(float e, float softcap) {
   float r;
   asm("rcp.approx.ftz.f32 %0, %1;" : "=f"(r) : "f"(e + 1.f));
   return fmaf(-2.f * softcap, r, softcap);
+}
+
+// The kernel's shared storage at the first 1024-byte boundary of the dynamic shared memory (whose
+// base is only 16-byte aligned; 128-byte swizzled tiles need 1024). Aligned by pointer
+// arithmetic on the shared array, not through an integer, so that the compiler keeps the shared
+// address space and plain loads of the storage are shared-memory loads (not generic ones).
+template <class Storage>
+__device__ __forceinline__ Storage& shared_storage(char* smem_raw) {
+  return *reinterpret_cast<Storage*>(
+      smem_raw + ((1024 - (reinterpret_cast<std::uintptr_t>(smem_raw) & 1023)) & 1023));
+}
+
+// The parameters of a TMA pipeline whose producer is thread 0 (it arms each stage's barrier with
+// `bytes`) and whose stages `consumers` threads release.
+template <class Pipeline>
+__device__ __forceinline__ typename Pipeline::Params tma_pipeline_params(bool producer,
+                                                                         std::uint32_t bytes,
+                                                                         int consumers) {
+  typename Pipeline::Params params;
+  params.transaction_bytes = bytes;
+  params.role = producer ? Pipeline::ThreadCategory::Producer : Pipeline::ThreadCategory::Consumer;
+  params.is_leader = threadIdx.x == 0;
+  params.num_consumers = consumers;
+  return params;
+}
+
+// One TMA load of a [rows, kPanels x 64] tile of a {D, T, H} map (128-byte swizzle panels of 64
+// columns, each one box of {64, rows, 1}) at token row0 of head `head`, onto `bar`.
+template <int kPanels, int kRows, class Element>
+__device__ __forceinline__ void load_tile(const CUtensorMap* map, std::uint64_t* bar, Element* dst,
+                                          int row0, int head) {
+  constexpr auto kHint = static_cast<std::uint64_t>(cute::TMA::CacheHintSm90::EVICT_NORMAL);
+  CUTLASS_PRAGMA_UNROLL
+  for (int c = 0; c < kPanels; ++c)
+    cute::SM90_TMA_LOAD_3D::copy(map, bar, kHint, dst + c * kRows * 64, c * 64, row0, head);
 }
 
 // Zero, as a value the compiler cannot see through (so that what is computed from it stays in

@@ -15,8 +15,9 @@
 namespace flexcp::sm90 {
 
 // One declaration per generated instance file (src/CMakeLists.txt writes the list).
-#define FLEXCP_SM90_INSTANCE(dt, dtype_enum, hd) \
-  void launch_backward_##dt##_hd##hd(const BwdParams&, int, cudaStream_t);
+#define FLEXCP_SM90_INSTANCE(dt, dtype_enum, hd)                           \
+  void launch_backward_##dt##_hd##hd(const BwdParams&, int, cudaStream_t); \
+  void launch_backward_dq_##dt##_hd##hd(const BwdDqParams&, int, cudaStream_t);
 #include "kernels/sm90/bwd_instances.inc"
 #undef FLEXCP_SM90_INSTANCE
 
@@ -24,14 +25,50 @@ namespace {
 
 constexpr const char* kFn = "flexcp::backward";
 
-using Launcher = void (*)(const BwdParams&, int, cudaStream_t);
+struct Launchers {
+  void (*main)(const BwdParams&, int, cudaStream_t) = nullptr;
+  void (*dq)(const BwdDqParams&, int, cudaStream_t) = nullptr;
+};
 
-Launcher find_launcher(DType dtype, std::int64_t head_dim) {
-#define FLEXCP_SM90_INSTANCE(dt, dtype_enum, hd) \
-  if (dtype == DType::dtype_enum && head_dim == hd) return &launch_backward_##dt##_hd##hd;
+Launchers find_launchers(DType dtype, std::int64_t head_dim) {
+#define FLEXCP_SM90_INSTANCE(dt, dtype_enum, hd)    \
+  if (dtype == DType::dtype_enum && head_dim == hd) \
+    return {&launch_backward_##dt##_hd##hd, &launch_backward_dq_##dt##_hd##hd};
 #include "kernels/sm90/bwd_instances.inc"
 #undef FLEXCP_SM90_INSTANCE
-  return nullptr;
+  return {};
+}
+
+// The deterministic mode's dQ pass on the plan's q-tile-major list in its tiles.
+void launch_dq_pass(const CallShape& s, const AttentionPlan::Impl& plan, const TensorView& dout,
+                    const TensorView& q, const TensorView& k, const TensorView& v,
+                    const TensorView& dq, const BwdParams& main, const Launchers& launch, int sms,
+                    cudaStream_t stream) {
+  BwdDqParams p{};
+  const WorkList& list = plan.dq_rows;
+  p.num_tiles = static_cast<int>(list.num_tiles());
+  p.items = p.num_tiles * static_cast<int>(s.heads_q);  // checked when the plan was built
+  if (p.items == 0) return;
+  p.tma_q = tensor_map(kFn, "q", q, kBwdDqBlockM, 1);
+  p.tma_do = tensor_map(kFn, "dout", dout, kBwdDqBlockM, 1);
+  p.tma_k = tensor_map(kFn, "k", k, kBwdDqBlockN, 1);
+  p.tma_v = tensor_map(kFn, "v", v, kBwdDqBlockN, 1);
+  p.lse2 = plan.scratch.lse2;
+  p.delta = plan.scratch.delta;
+  p.stats_stride = plan.scratch.stats_stride;
+  p.dq = dq.data;
+  p.dq_stride_t = dq.strides[0];
+  p.dq_stride_h = dq.strides[1];
+  p.work = plan.device_dq_rows;
+  p.seqlen_q = static_cast<int>(s.seqlen_q);
+  p.seqlen_k = static_cast<int>(s.seqlen_k);
+  p.group = static_cast<int>(s.group());
+  p.scale = main.scale;
+  p.scale_log2 = main.scale_log2;
+  p.softcap = main.softcap;
+  p.softcap_scale = main.softcap_scale;
+  p.softcap_t = main.softcap_t;
+  launch.dq(p, std::min(sms, p.items), stream);
 }
 
 }  // namespace
@@ -40,8 +77,8 @@ void backward(const CallShape& s, const AttentionPlan::Impl& plan, const TensorV
               const TensorView& q, const TensorView& k, const TensorView& v, const TensorView& out,
               const TensorView& lse, const TensorView& dq, const TensorView& dk,
               const TensorView& dv, const AttentionOptions& options, const TensorView& dsink) {
-  const Launcher launch = find_launcher(s.dtype, s.head_dim);
-  if (launch == nullptr)  // the plan checked this when it was built
+  const Launchers launch = find_launchers(s.dtype, s.head_dim);
+  if (launch.main == nullptr)  // the plan checked this when it was built
     throw Error(Status::kInternal, std::string(kFn) + ": a CUDA plan without its kernel");
   if (!plan.backward)
     throw Error(
@@ -80,7 +117,14 @@ void backward(const CallShape& s, const AttentionPlan::Impl& plan, const TensorV
   rs.lse = static_cast<const float*>(lse.data);
   rs.lse_stride_t = lse.strides[0];
   rs.lse_stride_h = lse.strides[1];
-  rs.dq = dq.data;
+  const WorkList& list = plan.cols;
+  // Fits in 32 bits: the plan checked the item count when it was built.
+  const int items = static_cast<int>(list.num_tiles() * s.heads_kv);
+  // The deterministic mode writes dq in its own pass: no accumulator to zero or convert. (Without
+  // keys there is nothing to sum, and the postprocessing writes the zeros.)
+  const bool dq_pass = options.deterministic && items > 0;
+  if (dq_pass) rs.scratch.dq_accum = nullptr;
+  rs.dq = dq_pass ? nullptr : dq.data;
   rs.dq_stride_t = dq.strides[0];
   rs.dq_stride_h = dq.strides[1];
   if (!options.sink.empty() && !dsink.empty()) {
@@ -95,10 +139,8 @@ void backward(const CallShape& s, const AttentionPlan::Impl& plan, const TensorV
   cuda::check(launch_bwd_preprocess(rs, bf16, stream), kFn, "launching the row statistics");
 
   BwdParams p{};
-  const WorkList& list = plan.cols;
   p.num_tiles = static_cast<int>(list.num_tiles());
-  // Fits in 32 bits: the plan checked the item count when it was built.
-  p.items = p.num_tiles * static_cast<int>(s.heads_kv);
+  p.items = items;
   if (p.items > 0) {
     if (s.seqlen_q > 0) {
       p.tma_q = tensor_map(kFn, "q", q, kBwdBlockM, 1);
@@ -113,8 +155,8 @@ void backward(const CallShape& s, const AttentionPlan::Impl& plan, const TensorV
     p.dv_stride_t = dv.strides[0];
     p.dv_stride_h = dv.strides[1];
     if (s.seqlen_q > 0)
-      p.tma_dq = accumulator_map(kFn, "the dQ accumulator", scratch.dq_accum, s.seqlen_q,
-                                 s.heads_q, s.head_dim, kBwdDqBoxCols, kBwdBlockM);
+      p.tma_dq = accumulator_map(kFn, "the dQ accumulator", scratch.dq_accum, s.seqlen_q, s.heads_q,
+                                 s.head_dim, kBwdDqBoxCols, kBwdBlockM);
     p.lse2 = scratch.lse2;
     p.delta = scratch.delta;
     p.stats_stride = scratch.stats_stride;
@@ -130,7 +172,9 @@ void backward(const CallShape& s, const AttentionPlan::Impl& plan, const TensorV
       p.softcap_t = static_cast<float>(kLn2 / options.softcap);
     }
     p.scale_log2 = static_cast<float>(s.scale * kLog2e);
-    launch(p, std::min(sms, p.items), stream);
+    p.accumulate_dq = !dq_pass;
+    launch.main(p, std::min(sms, p.items), stream);
+    if (dq_pass) launch_dq_pass(s, plan, dout, q, k, v, dq, p, launch, sms, stream);
   }
   cuda::check(launch_bwd_postprocess(rs, bf16, sms, stream), kFn, "launching dq and dsink");
 }

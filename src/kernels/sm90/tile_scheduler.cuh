@@ -40,6 +40,14 @@ struct ItemQueue {
     pipe.producer_commit(state);
     ++state;
   }
+  // The pipeline's parameters: one producer thread, `consumers` consumer threads.
+  static __device__ __forceinline__ typename Pipeline::Params params(bool producer, int consumers) {
+    typename Pipeline::Params ip;
+    ip.role = producer ? Pipeline::ThreadCategory::Producer : Pipeline::ThreadCategory::Consumer;
+    ip.producer_arv_count = 1;
+    ip.consumer_arv_count = consumers;
+    return ip;
+  }
   // Consumers: the next item handed over.
   template <class State>
   static __device__ __forceinline__ int take(Pipeline& pipe, State& state,
