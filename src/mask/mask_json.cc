@@ -1,8 +1,10 @@
 // DESIGN §2's mask spec: {"version": 1, "seqlen_q": .., "seqlen_k": .., "slices": [...]}.
 #include <fstream>
 #include <nlohmann/json.hpp>
-#include <sstream>
+#include <set>
+#include <vector>
 
+#include "core/text_file.h"
 #include "flexcp/mask.h"
 #include "flexcp/status.h"
 
@@ -24,6 +26,21 @@ void expect_keys(const json& object, std::initializer_list<const char*> allowed,
   }
   for (const char* key : allowed)
     if (!object.contains(key)) fail(where + "missing key \"" + key + "\"");
+}
+
+// Parses `text`, refusing a key repeated within one object (the JSON reader would keep the last
+// silently, so {"seqlen_q": 8, "seqlen_q": 4} would mean 4).
+json parse_without_duplicate_keys(const std::string& text) {
+  std::vector<std::set<std::string>> open;  // the keys seen in each enclosing object
+  const json::parser_callback_t check = [&](int depth, json::parse_event_t event, json& parsed) {
+    if (event == json::parse_event_t::object_start) open.emplace_back();
+    if (event == json::parse_event_t::object_end) open.pop_back();
+    if (event == json::parse_event_t::key && !open.back().insert(parsed.get<std::string>()).second)
+      fail("duplicate key \"" + parsed.get<std::string>() + "\" (in an object at depth " +
+           std::to_string(depth) + "), expected each key once");
+    return true;
+  };
+  return json::parse(text, check);
 }
 
 std::int64_t get_int(const json& value, const std::string& what) {
@@ -58,7 +75,7 @@ std::string Mask::to_json() const {
 Mask Mask::from_json(const std::string& text) {
   json spec;
   try {
-    spec = json::parse(text);
+    spec = parse_without_duplicate_keys(text);
   } catch (const json::parse_error& e) {
     fail(std::string("not valid JSON: ") + e.what());
   }
@@ -98,12 +115,9 @@ Mask Mask::from_json(const std::string& text) {
 }
 
 Mask Mask::from_json_file(const std::string& path) {
-  std::ifstream in(path);
-  if (!in) throw Error(Status::kInvalidArgument, "mask file '" + path + "' cannot be read");
-  std::stringstream buffer;
-  buffer << in.rdbuf();
+  const std::string text = read_text_file(path, "mask file");
   try {
-    return from_json(buffer.str());
+    return from_json(text);
   } catch (const Error& e) {
     throw Error(e.status(), path + ": " + e.what());
   }

@@ -1,9 +1,9 @@
 #include "flexcp/masks.h"
 
 #include <algorithm>
-#include <fstream>
 #include <sstream>
 
+#include "core/text_file.h"
 #include "flexcp/status.h"
 
 namespace flexcp::masks {
@@ -173,19 +173,21 @@ Mask shared_question(std::int64_t question_len, const Lengths& answer_lens) {
 }
 
 Lengths read_lengths_file(const std::string& path) {
-  std::ifstream in(path);
-  if (!in) fail("document lengths file '" + path + "' cannot be read");
+  std::istringstream in(read_text_file(path, "document lengths file"));
   Lengths lens;
   std::string line;
   for (int line_no = 1; std::getline(in, line); ++line_no) {
     const auto hash = line.find('#');
     if (hash != std::string::npos) line.resize(hash);
+    if (line.find_first_not_of(" \t\r") == std::string::npos) continue;
+    // One decimal integer per line, nothing else: "1.5", "100 200" and "100x" are errors, not 1
+    // and 100.
     std::istringstream is(line);
-    std::int64_t n;
-    if (!(is >> n)) {
-      if (line.find_first_not_of(" \t\r") == std::string::npos) continue;
-      fail(path + ":" + std::to_string(line_no) + ": '" + line + "' is not an integer");
-    }
+    std::int64_t n = 0;
+    std::string rest;
+    if (!(is >> n) || (is >> rest))
+      fail(path + ":" + std::to_string(line_no) + ": '" + line +
+           "' is not one integer, expected one length per line");
     if (n <= 0)
       fail(path + ":" + std::to_string(line_no) + ": length " + std::to_string(n) +
            ", expected > 0");

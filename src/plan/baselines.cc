@@ -2,6 +2,7 @@
 // (all-to-all over heads), all-gather of K/V, and MagiAttention's default dispatch.
 #include <algorithm>
 
+#include "core/parallel.h"
 #include "plan/plan_internal.h"
 
 namespace flexcp::plan_detail {
@@ -129,19 +130,22 @@ BaselineFigures magi_baseline(const std::vector<Band>& bands, const Mask& mask,
   for (std::int64_t c = 0; c < n; ++c) mine[kv.owner[c]].push_back(c);
   std::int64_t total = 0, worst = 0, tokens = 0;
   double slowest = 0, busy = 0;
+  FirstError errors;
 #pragma omp parallel for schedule(dynamic, 1) reduction(+ : total, tokens, busy) \
     reduction(max : worst, slowest)
-  for (int r = 0; r < w; ++r) {
-    std::vector<Piece> pieces = remote_pieces(attended_spans(bands, index, mine[r]), kv, r);
-    const std::int64_t local = piece_areas(bands, index, mine[r], pieces);
-    std::int64_t area = local;
-    for (const Piece& p : pieces) area += p.area, tokens += p.tokens.size();
-    total += area;
-    worst = std::max(worst, area);
-    const Staging st = price_pieces(local, pieces, r, o);
-    slowest = std::max(slowest, simulate(st, std::max(choose_stages(st, o), 1), o).total_us);
-    busy += compute_us(area, o);
-  }
+  for (int r = 0; r < w; ++r)
+    errors.run([&, r] {
+      std::vector<Piece> pieces = remote_pieces(attended_spans(bands, index, mine[r]), kv, r);
+      const std::int64_t local = piece_areas(bands, index, mine[r], pieces);
+      std::int64_t area = local;
+      for (const Piece& p : pieces) area += p.area, tokens += p.tokens.size();
+      total += area;
+      worst = std::max(worst, area);
+      const Staging st = price_pieces(local, pieces, r, o);
+      slowest = std::max(slowest, simulate(st, std::max(choose_stages(st, o), 1), o).total_us);
+      busy += compute_us(area, o);
+    });
+  errors.rethrow();
   m.comm_bytes_fwd = tokens * kv_bytes_per_token(o);
   m.imbalance = total > 0 ? static_cast<double>(worst) / (static_cast<double>(total) / w) : 1.0;
   m.predicted_us = slowest;

@@ -6,6 +6,7 @@
 #include <chrono>
 #include <string>
 
+#include "core/parallel.h"
 #include "flexcp/status.h"
 #include "kernels/plan/attention_plan_impl.h"
 #include "plan/plan_internal.h"
@@ -42,6 +43,9 @@ void check_options(const Mask& mask, const PlanOptions& o) {
     fail("num_stages is " + std::to_string(o.num_stages) + ", expected 0 (automatic) to 64");
   if (o.heads_q < 1 || o.heads_kv < 1 || o.head_dim < 1)
     fail("heads_q, heads_kv and head_dim must be >= 1");
+  if (o.heads_q % o.heads_kv != 0)
+    fail("heads_q " + std::to_string(o.heads_q) + " and heads_kv " + std::to_string(o.heads_kv) +
+         ", expected heads_q a multiple of heads_kv");
   if (o.dtype == DType::kFloat64) fail("dtype is fp64, expected fp32, bf16 or fp16");
   if (!(o.cost.kernel_tflops > 0 && o.cost.intra_node_gbps > 0 && o.cost.inter_node_gbps > 0 &&
         o.cost.stage_overhead_us >= 0))
@@ -222,22 +226,25 @@ PlanReport make_plan_report(const Mask& mask, const PlanOptions& options) {
   const int world = options.world_size;
   report.ranks.resize(world);
   std::vector<LinkBytes> links(world);
+  FirstError errors;
 #pragma omp parallel for schedule(dynamic, 1)
-  for (int r = 0; r < world; ++r) {
-    const auto t_rank = std::chrono::steady_clock::now();
-    const RankPlan rp = planner.plan_rank(r);
-    RankSummary& s = report.ranks[r];
-    s.rank_ms = ms_since(t_rank);
-    s.q_tokens = rp.num_q_tokens;
-    s.area = rp.area;
-    s.recv_tokens = rp.recv_tokens;
-    s.send_tokens = rp.send_tokens;
-    s.num_stages = rp.num_stages;
-    s.stage_area = rp.stage_area;
-    s.predicted_us = rp.predicted_us;
-    s.exposed_comm_us = rp.exposed_comm_us;
-    links[r] = hierarchical_bytes(rp.sends, r, options);
-  }
+  for (int r = 0; r < world; ++r)
+    errors.run([&, r] {
+      const auto t_rank = std::chrono::steady_clock::now();
+      const RankPlan rp = planner.plan_rank(r);
+      RankSummary& s = report.ranks[r];
+      s.rank_ms = ms_since(t_rank);
+      s.q_tokens = rp.num_q_tokens;
+      s.area = rp.area;
+      s.recv_tokens = rp.recv_tokens;
+      s.send_tokens = rp.send_tokens;
+      s.num_stages = rp.num_stages;
+      s.stage_area = rp.stage_area;
+      s.predicted_us = rp.predicted_us;
+      s.exposed_comm_us = rp.exposed_comm_us;
+      links[r] = hierarchical_bytes(rp.sends, r, options);
+    });
+  errors.rethrow();
   const std::int64_t bpt = kv_bytes_per_token(options);
   for (int r = 0; r < world; ++r) {
     const RankSummary& s = report.ranks[r];

@@ -206,6 +206,47 @@ TEST_F(Cli, LengthsAndEdgeInputsFailWithMessages) {
       << r.output;
 }
 
+// Inputs that used to be read in part (or forever), each an error naming the argument and value.
+TEST_F(Cli, PartlyReadInputsFailWithMessages) {
+  for (const char* line : {"1.5", "100 200", "100x", "0x10", "1e3"}) {
+    std::ofstream(path("lens.txt")) << "300\n" << line << "\n";
+    const Result r = run_cli("plan --mask varlen-causal --seqlen 1024 --doc-lens " +
+                             path("lens.txt") + " --world 2");
+    EXPECT_EQ(r.code, 2) << line << ": " << r.output;
+    EXPECT_NE(r.output.find("lens.txt:2: '" + std::string(line) +
+                            "' is not one integer, expected one length per line"),
+              std::string::npos)
+        << r.output;
+  }
+  std::ofstream(path("dup.json"))
+      << R"({"version":1,"seqlen_q":8,"seqlen_k":8,"seqlen_q":4,"slices":[]})";
+  Result r = run_cli("plan --mask-file " + path("dup.json") + " --world 1");
+  EXPECT_EQ(r.code, 2) << r.output;
+  EXPECT_NE(r.output.find("duplicate key \"seqlen_q\""), std::string::npos) << r.output;
+  std::ofstream(path("dup-slice.json"))
+      << R"({"version":1,"seqlen_q":8,"seqlen_k":8,"slices":[{"q":[0,8],"k":[0,8],"q":[0,4],)"
+      << R"("type":"full"}]})";
+  r = run_cli("plan --mask-file " + path("dup-slice.json") + " --world 1");
+  EXPECT_EQ(r.code, 2) << r.output;
+  EXPECT_NE(r.output.find("duplicate key \"q\""), std::string::npos) << r.output;
+  // A device that never ends, and a binary file: refused at their first bytes, not read forever.
+  for (const std::string& file : {std::string("/dev/zero"), path("binary.json")}) {
+    std::ofstream(path("binary.json"), std::ios::binary) << std::string("{\0\0}", 4);
+    r = run_cli("plan --mask-file " + file + " --world 1");
+    EXPECT_EQ(r.code, 2) << file << ": " << r.output;
+    EXPECT_NE(r.output.find("holds a NUL byte at offset"), std::string::npos) << r.output;
+  }
+  r = run_cli("plan --mask varlen-causal --seqlen 1024 --max-doc-len -3 --world 2");
+  EXPECT_NE(r.code, 0);
+  EXPECT_NE(r.output.find("--max-doc-len"), std::string::npos) << r.output;
+  // Heads that do not group: an error from the planner's check, not an abort inside its threads.
+  r = run_cli("plan --mask causal --seqlen 1024 --heads 8 --heads-kv 3 --world 2");
+  EXPECT_EQ(r.code, 2) << r.output;
+  EXPECT_NE(r.output.find("heads_q 8 and heads_kv 3, expected heads_q a multiple of heads_kv"),
+            std::string::npos)
+      << r.output;
+}
+
 TEST_F(Cli, MaskDrawsSvg) {
   const Result r = run_cli(
       "mask --mask sliding-window-symmetric --seqlen 3000 --doc-len 700 --window 100 --out " +

@@ -67,8 +67,8 @@ void add_mask_options(CLI::App& cmd, MaskArgs& a) {
   cmd.add_option("--doc-len", a.doc_len,
                  "Equal documents of this many tokens (instead of --doc-lens)")
       ->check(CLI::PositiveNumber);
-  cmd.add_option("--max-doc-len", a.max_doc_len,
-                 "Cap on a document's length (default: seqlen / 4)");
+  cmd.add_option("--max-doc-len", a.max_doc_len, "Cap on a document's length (default: seqlen / 4)")
+      ->check(CLI::PositiveNumber);
   cmd.add_option("--window", a.window, "Sliding-window size")->capture_default_str();
   cmd.add_option("--block", a.block, "Block size for block-causal")->capture_default_str();
   cmd.add_option("--prefix-frac", a.prefix_frac, "Prefix share of each document for prefix-lm")
