@@ -10,7 +10,8 @@ namespace flexcp {
 
 std::string read_text_file(const std::string& path, const char* what) {
   std::ifstream in(path, std::ios::binary);
-  if (!in) throw Error(Status::kInvalidArgument, std::string(what) + " '" + path + "' cannot be read");
+  if (!in)
+    throw Error(Status::kInvalidArgument, std::string(what) + " '" + path + "' cannot be read");
   constexpr std::size_t kChunk = std::size_t{1} << 20;
   std::vector<char> chunk(kChunk);
   std::string text;
@@ -29,7 +30,8 @@ std::string read_text_file(const std::string& path, const char* what) {
                                                 "at most that size");
     text.append(chunk.data(), got);
   }
-  if (in.bad()) throw Error(Status::kInvalidArgument, std::string(what) + " '" + path + "': read error");
+  if (in.bad())
+    throw Error(Status::kInvalidArgument, std::string(what) + " '" + path + "': read error");
   return text;
 }
 

@@ -239,6 +239,27 @@ TEST_F(Cli, PartlyReadInputsFailWithMessages) {
   r = run_cli("plan --mask varlen-causal --seqlen 1024 --max-doc-len -3 --world 2");
   EXPECT_NE(r.code, 0);
   EXPECT_NE(r.output.find("--max-doc-len"), std::string::npos) << r.output;
+  // .npy shapes read in full or refused: the value count must be the file's.
+  auto raw_npy = [&](const std::string& file, const std::string& shape, std::size_t values) {
+    std::string header = "{'descr': '<f4', 'fortran_order': False, 'shape': " + shape + ", }";
+    header.append(63 - (10 + header.size()) % 64, ' ');
+    header += '\n';
+    std::ofstream out(path(file), std::ios::binary);
+    out << "\x93NUMPY" << char(1) << char(0) << char(header.size() & 0xff)
+        << char(header.size() >> 8) << header << std::string(values * sizeof(float), '\0');
+  };
+  const std::pair<const char*, const char*> shapes[] = {
+      {"(6x,4,16)", "has the dimension '6x'"},
+      {"(-64,4,16)", "has the dimension '-64'"},
+      {"(99999999999,4,16)", "has the dimension '99999999999'"},
+      {"(6,4,17)", "is 408 float32 values (1632 bytes), but the file holds 1536 bytes"}};
+  for (const auto& [shape, message] : shapes) {
+    raw_npy("bad.npy", shape, 6 * 4 * 16);
+    r = run_cli("attn --mask causal --seqlen 6 --q " + path("bad.npy") + " --k " + path("bad.npy") +
+                " --v " + path("bad.npy") + " --out " + path("o.npy") + " --lse " + path("l.npy"));
+    EXPECT_EQ(r.code, 2) << shape << ": " << r.output;
+    EXPECT_NE(r.output.find(message), std::string::npos) << r.output;
+  }
   // Heads that do not group: an error from the planner's check, not an abort inside its threads.
   r = run_cli("plan --mask causal --seqlen 1024 --heads 8 --heads-kv 3 --world 2");
   EXPECT_EQ(r.code, 2) << r.output;
