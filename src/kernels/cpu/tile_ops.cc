@@ -131,7 +131,11 @@ void online_softmax(float* s, int ld, int rows, float* m, float* l, float* o, in
       vmax = v > vmax ? v : vmax;
     }
     const float m_new = std::max(m[r], reduce_max(vmax));
-    if (m_new == kNegInf) {  // nothing attended in this row yet
+    if (m_new == kNegInf) {  // nothing attended in this row yet, or only NaN logits
+      // The maximum passes over NaN; a row whose attended logits are all NaN (a NaN in its q,
+      // an infinity times zero) must end as NaN, not as a row that attends nothing.
+      if (std::any_of(row, row + ld, [](float x) { return x != x; }))
+        m[r] = l[r] = std::numeric_limits<float>::quiet_NaN();
       std::fill(row, row + ld, 0.0f);
       continue;
     }
