@@ -1,11 +1,16 @@
 // The MPI communicator (host memory). Waits poll with a deadline so that a lost peer becomes an
 // error on this rank instead of a hang; a rank that fails calls abort() so the job ends everywhere.
+// The collectives (all-gathers, the barrier) are point-to-point exchanges with every peer under
+// the same deadline, so that a rank that never arrives is named in the error instead of hanging
+// everyone in MPI_Allgather (O(world) messages per rank: fine for the small exchanges of planning
+// and checks this runtime makes).
 #include <mpi.h>
 
 #include <chrono>
 #include <climits>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <memory>
 #include <set>
 #include <string>
@@ -94,18 +99,22 @@ class MpiHandle final : public CommHandle {
   std::size_t bytes_received() const override { return received_; }
 
  private:
-  // Polls until every request completed (true) or `seconds` passed (false).
+  // Polls until every request completed (true) or `seconds` passed (false). Testsome (not
+  // Testall, which leaves every request in place until all are done) retires each request as it
+  // completes, so that the ones left name the peers that did not answer.
   bool test_until(double seconds) {
+    const int n = static_cast<int>(requests_.size());
     statuses_.resize(requests_.size());
+    std::vector<int> indices(requests_.size());
+    std::vector<MPI_Status> statuses(requests_.size());
     const auto deadline = std::chrono::steady_clock::now() + std::chrono::duration<double>(seconds);
     for (;;) {
-      int done = 0;
-      check(MPI_Testall(static_cast<int>(requests_.size()), requests_.data(), &done,
-                        statuses_.data()),
-            "Testall");
-      if (done) return completed_ = true;
-      if (std::chrono::steady_clock::now() > deadline) return false;
-      std::this_thread::sleep_for(std::chrono::microseconds(50));
+      int count = 0;
+      check(MPI_Testsome(n, requests_.data(), &count, indices.data(), statuses.data()), "Testsome");
+      if (count == MPI_UNDEFINED) return completed_ = true;  // no active request left
+      for (int i = 0; i < count; ++i) statuses_[indices[i]] = statuses[i];
+      if (count == 0 && std::chrono::steady_clock::now() > deadline) return false;
+      if (count == 0) std::this_thread::sleep_for(std::chrono::microseconds(50));
     }
   }
 
@@ -178,34 +187,83 @@ class MpiCommunicator final : public Communicator {
     return std::make_unique<MpiHandle>(std::move(requests), recvs.size(), std::move(peers), state_);
   }
   void all_gather(const void* mine, std::size_t bytes, void* all) override {
-    check(MPI_Allgather(mine, count_of(bytes), MPI_BYTE, all, count_of(bytes), MPI_BYTE,
-                        MPI_COMM_WORLD),
-          "Allgather");
+    all_gather_v(mine, std::vector<std::size_t>(size_, bytes), all);
   }
   void all_gather_v(const void* mine, const std::vector<std::size_t>& counts, void* all) override {
-    std::vector<int> c(size_), displs(size_);
+    if (counts.size() != static_cast<std::size_t>(size_))
+      throw Error(Status::kInvalidArgument, "all_gather_v: " + std::to_string(counts.size()) +
+                                                " counts for " + std::to_string(size_) + " ranks");
+    std::vector<SendOp> sends;
+    std::vector<RecvOp> recvs;
+    auto* out = static_cast<unsigned char*>(all);
     std::size_t offset = 0;
     for (int r = 0; r < size_; ++r) {
-      c[r] = count_of(counts.at(r));
-      displs[r] = count_of(offset);
+      if (r == rank_) {
+        if (counts[r] > 0) std::memcpy(out + offset, mine, counts[r]);
+      } else {
+        sends.push_back({r, mine, counts[rank_], collective_tag()});
+        recvs.push_back({r, out + offset, counts[r], collective_tag()});
+      }
       offset += counts[r];
     }
-    check(MPI_Allgatherv(mine, c[rank_], MPI_BYTE, all, c.data(), displs.data(), MPI_BYTE,
-                         MPI_COMM_WORLD),
-          "Allgatherv");
+    exchange(sends, recvs, "an all-gather");
   }
-  void barrier() override { check(MPI_Barrier(MPI_COMM_WORLD), "Barrier"); }
+  void barrier() override { exchange_tokens("a barrier"); }
   [[noreturn]] void abort(int code) override {
     MPI_Abort(MPI_COMM_WORLD, code);
     std::exit(code);
   }
 
  private:
+  // The largest tag is the collectives' (the plans' transfers get the others): it keeps them
+  // apart without a communicator of their own, whose creation would be a collective that could
+  // hang. MPI keeps the messages of one (peer, tag) in order, so successive collectives match up.
+  int collective_tag() const { return tag_ub_; }
+
   void check_tag(int tag) const {
-    if (tag < 0 || tag > tag_ub_)
+    if (tag < 0 || tag >= tag_ub_)
       throw Error(Status::kInvalidArgument,
-                  "MPI tag " + std::to_string(tag) + " exceeds this MPI's MPI_TAG_UB " +
-                      std::to_string(tag_ub_) + " (too many transfer items in one plan)");
+                  "MPI tag " + std::to_string(tag) + " is not below this MPI's MPI_TAG_UB " +
+                      std::to_string(tag_ub_) +
+                      " (kept for collectives; too many transfer items in one plan)");
+  }
+
+  // One exchange of a collective under the deadline: a peer that does
+  // not take part is named ("waited ... for transfers with rank(s) 3").
+  void exchange(const std::vector<SendOp>& sends, const std::vector<RecvOp>& recvs,
+                const char* what) {
+    std::vector<MPI_Request> requests;
+    std::vector<int> peers;
+    for (const RecvOp& r : recvs) {
+      requests.emplace_back();
+      peers.push_back(r.peer);
+      check(MPI_Irecv(r.data, count_of(r.bytes), MPI_BYTE, r.peer, r.tag, MPI_COMM_WORLD,
+                      &requests.back()),
+            "Irecv");
+    }
+    for (const SendOp& s : sends) {
+      requests.emplace_back();
+      peers.push_back(s.peer);
+      check(MPI_Isend(s.data, count_of(s.bytes), MPI_BYTE, s.peer, s.tag, MPI_COMM_WORLD,
+                      &requests.back()),
+            "Isend");
+    }
+    MpiHandle handle(std::move(requests), recvs.size(), std::move(peers), state_);
+    try {
+      handle.wait();
+    } catch (const Error& e) {
+      throw Error(e.status(), std::string(e.what()) + " (in " + what + ")");
+    }
+  }
+  void exchange_tokens(const char* what) {
+    std::vector<SendOp> sends;
+    std::vector<RecvOp> recvs;
+    for (int r = 0; r < size_; ++r)
+      if (r != rank_) {
+        sends.push_back({r, nullptr, 0, collective_tag()});
+        recvs.push_back({r, nullptr, 0, collective_tag()});
+      }
+    exchange(sends, recvs, what);
   }
 
   std::shared_ptr<MpiState> state_;

@@ -1,8 +1,11 @@
 // A job in which rank 1 fails, for the failure tests: `die` ends rank 1 abruptly, `throw` makes it
-// throw (and, like the flexcp tool, abort the job), `stall` makes it stop taking part. The other
-// ranks must exit with an error within a bounded time, never hang (checked by
-// expect_failure.cmake).
+// throw (and, like the flexcp tool, abort the job), `stall` makes it stop taking part in the
+// transfers; `stall-collective` and `sigstop` make it sleep, or stop its process, before the
+// all-gather in which the ranks compare their plans. The other ranks must exit with an error
+// within a bounded time, never hang (checked by expect_failure.cmake).
 #include <unistd.h>
+
+#include <csignal>
 
 #include <chrono>
 #include <cstdio>
@@ -16,6 +19,9 @@ int main(int argc, char** argv) {
   const char* mode = argc > 1 ? argv[1] : "die";
   auto comm = flexcp::make_mpi_communicator();
   const flexcp::Mask mask = flexcp::masks::causal(4096, 4096);
+  if (comm->rank() == 1 && !std::strcmp(mode, "stall-collective"))
+    std::this_thread::sleep_for(std::chrono::hours(1));
+  if (comm->rank() == 1 && !std::strcmp(mode, "sigstop")) std::raise(SIGSTOP);
   try {
     flexcp::DistAttention dist(mask, *comm, 2, 2, 16, flexcp::DType::kFloat32);
     std::int64_t lq = dist.local_q_tokens();
