@@ -24,7 +24,12 @@ int main(int argc, char** argv) {
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
-    return app.exit(e);
+    if (e.get_exit_code() == 0) return app.exit(e);  // --help, --version
+    // Argument errors read like every other error and exit like them (2), so that scripts and
+    // mpirun see one convention.
+    std::cerr << "flexcp: error (invalid argument): " << e.what()
+              << " (run with --help for the options)\n";
+    return 2;
   } catch (const flexcp::Error& e) {
     std::cerr << "flexcp: error (" << flexcp::status_string(e.status()) << "): " << e.what()
               << "\n";
