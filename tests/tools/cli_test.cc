@@ -260,6 +260,14 @@ TEST_F(Cli, PartlyReadInputsFailWithMessages) {
     EXPECT_EQ(r.code, 2) << shape << ": " << r.output;
     EXPECT_NE(r.output.find(message), std::string::npos) << r.output;
   }
+  // Output paths are checked before the inputs are read or anything is computed.
+  r = run_cli("attn --mask causal --seqlen 6 --q " + path("bad.npy") + " --k " + path("bad.npy") +
+              " --v " + path("bad.npy") + " --out " + path("no-such-folder/o.npy") + " --lse " +
+              path("l.npy"));
+  EXPECT_EQ(r.code, 2) << r.output;
+  EXPECT_NE(r.output.find("--out " + path("no-such-folder/o.npy") + ": the folder"),
+            std::string::npos)
+      << r.output;
   // Heads that do not group: an error from the planner's check, not an abort inside its threads.
   r = run_cli("plan --mask causal --seqlen 1024 --heads 8 --heads-kv 3 --world 2");
   EXPECT_EQ(r.code, 2) << r.output;
@@ -419,6 +427,22 @@ TEST_F(Cli, ArgumentErrorsExit2AndEndAnMpiJob) {
       << r.output;
   EXPECT_EQ(run_cli("plan --help").code, 0);
   EXPECT_EQ(run_cli("--version").code, 0);
+  // Counts say what they expect (not CLI11's range up to the largest double).
+  r = run_cli("plan --mask causal --seqlen 64 --world 0");
+  EXPECT_EQ(r.code, 2) << r.output;
+  EXPECT_NE(r.output.find("--world: 0 is below 1, expected a whole number >= 1"), std::string::npos)
+      << r.output;
+  EXPECT_EQ(r.output.find("179769313486231570814527423731704356798070567525844996598917"),
+            std::string::npos)
+      << r.output;
+  r = run_cli("bench --mask causal --seqlen 64 --warmup -1");
+  EXPECT_EQ(r.code, 2) << r.output;
+  EXPECT_NE(r.output.find("--warmup: -1 is below 0"), std::string::npos) << r.output;
+  // One rank moves no bytes: the baselines' ratio to flexcp's is not 0.00x.
+  r = run_cli("plan --mask full --seqlen 1024 --world 1");
+  EXPECT_EQ(r.code, 0) << r.output;
+  EXPECT_EQ(r.output.find("0.00x flexcp"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("(     -  flexcp)"), std::string::npos) << r.output;
   const std::string run =
       std::string(FLEXCP_CLI_PATH) + " run --seqlen 8192 --doc-len 2048 --heads 2 --heads-kv 2";
   const std::string cmd = std::string(kMpiEnv) +

@@ -41,6 +41,22 @@ CLI::Validator token_count() {
       "TOKENS");
 }
 
+CLI::Validator whole_number(std::int64_t min) {
+  return CLI::Validator(
+      [min](std::string& text) -> std::string {
+        const std::size_t sign = !text.empty() && text[0] == '-' ? 1 : 0;
+        const std::string digits = text.substr(sign);
+        if (digits.empty() || digits.find_first_not_of("0123456789") != std::string::npos ||
+            (digits.size() > 1 && digits[0] == '0') || digits.size() > 18)
+          return "'" + text + "' is not a whole number (decimal digits, no leading zero)";
+        if (std::stoll(text) < min)
+          return text + " is below " + std::to_string(min) +
+                 ", expected a whole number >= " + std::to_string(min);
+        return "";
+      },
+      "INT>=" + std::to_string(min));
+}
+
 const std::vector<std::string>& mask_generator_names() {
   static const std::vector<std::string> names = {
       "full",          "causal",         "varlen-full",
@@ -66,9 +82,9 @@ void add_mask_options(CLI::App& cmd, MaskArgs& a) {
       ->check(CLI::ExistingFile);
   cmd.add_option("--doc-len", a.doc_len,
                  "Equal documents of this many tokens (instead of --doc-lens)")
-      ->check(CLI::PositiveNumber);
+      ->check(whole_number(1));
   cmd.add_option("--max-doc-len", a.max_doc_len, "Cap on a document's length (default: seqlen / 4)")
-      ->check(CLI::PositiveNumber);
+      ->check(whole_number(1));
   cmd.add_option("--window", a.window, "Sliding-window size")->capture_default_str();
   cmd.add_option("--block", a.block, "Block size for block-causal")->capture_default_str();
   cmd.add_option("--prefix-frac", a.prefix_frac, "Prefix share of each document for prefix-lm")

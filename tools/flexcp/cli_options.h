@@ -25,6 +25,9 @@ struct MaskArgs {
 
 // A token count on the command line: decimal, at most kMaxSeqlen.
 CLI::Validator token_count();
+// A whole number (decimal, no leading zero) of at least `min`, with a message that says so (CLI11's
+// PositiveNumber prints its range up to the largest double).
+CLI::Validator whole_number(std::int64_t min);
 
 // The generators --mask accepts.
 const std::vector<std::string>& mask_generator_names();

@@ -1,4 +1,7 @@
 // flexcp attn: attention on tensors saved as float32 .npy files (DESIGN §4).
+#include <unistd.h>
+
+#include <filesystem>
 #include <iostream>
 #include <optional>
 #include <tuple>
@@ -84,7 +87,32 @@ void run_on_device(const HostTensor& q, const HostTensor& k, const HostTensor& v
 #endif
 }
 
+// Each output's folder exists and can be written to, checked before anything is computed (a
+// long backward should not end on a typo in --dq).
+void check_output_paths(const AttnArgs& a) {
+  const std::pair<const char*, const std::string*> outputs[] = {
+      {"out", &a.out}, {"lse", &a.lse}, {"dq", &a.dq},
+      {"dk", &a.dk},   {"dv", &a.dv},   {"dsink", &a.dsink}};
+  for (const auto& [name, file] : outputs) {
+    if (file->empty()) continue;
+    const std::filesystem::path path(*file);
+    const std::filesystem::path dir = path.has_parent_path() ? path.parent_path() : ".";
+    std::error_code ec;
+    if (!std::filesystem::is_directory(dir, ec))
+      throw Error(Status::kInvalidArgument, std::string("--") + name + " " + *file +
+                                                ": the folder " + dir.string() + " does not exist");
+    if (std::filesystem::is_directory(path, ec))
+      throw Error(Status::kInvalidArgument,
+                  std::string("--") + name + " " + *file + " is a folder, expected a .npy file");
+    if (access(dir.c_str(), W_OK) != 0)
+      throw Error(Status::kInvalidArgument, std::string("--") + name + " " + *file +
+                                                ": the folder " + dir.string() +
+                                                " is not writable");
+  }
+}
+
 void run_attn(const AttnArgs& a) {
+  check_output_paths(a);
   const DType dtype = parse_dtype(a.dtype);
   const Mask mask = build_mask(a.mask);
   HostTensor q = load(a.q, dtype, 3, "q"), k = load(a.k, dtype, 3, "k"),

@@ -163,10 +163,10 @@ void add_bench_command(CLI::App& app) {
                 "Backward with dQ in a fixed order (bitwise repeatable; the CPU's always is)");
   cmd->add_flag("--json", args->json, "One JSON array instead of text lines");
   cmd->add_option("--warmup", args->warmup, "Untimed runs first")
-      ->check(CLI::NonNegativeNumber)
+      ->check(whole_number(0))
       ->capture_default_str();
   cmd->add_option("--repeat", args->repeat, "Timed runs (the median is reported)")
-      ->check(CLI::PositiveNumber)
+      ->check(whole_number(1))
       ->capture_default_str();
   cmd->callback([args] { run_bench(*args); });
 }

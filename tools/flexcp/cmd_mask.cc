@@ -140,7 +140,7 @@ void add_mask_command(CLI::App& app) {
       ->required();
   cmd->add_option("--world", args->plan.world_size,
                   "Colour by the rank owning each part (flexcp's plan)")
-      ->check(CLI::PositiveNumber);
+      ->check(whole_number(1));
   cmd->add_option("--chunk", args->plan.chunk_size, "Chunk size for --world (default: automatic)");
   cmd->add_option("--cells", args->cells, "Cells along the longer side")
       ->check(CLI::Range(1, 4096))

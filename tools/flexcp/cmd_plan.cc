@@ -106,11 +106,14 @@ void print_text(const PlanReport& p, const Mask& mask, const PlanArgs& a) {
       std::printf("  %-10s not applicable (%s)\n", name, why);
       return;
     }
+    // A ratio to flexcp's bytes only where flexcp moves some (one rank moves none: 0 / 0).
+    char ratio[32] = "     - ";
+    if (p.comm_bytes_fwd > 0)
+      std::snprintf(ratio, sizeof ratio, "%6.2fx", double(b.comm_bytes_fwd) / p.comm_bytes_fwd);
     std::printf(
-        "  %-10s bytes %14lld (%6.2fx flexcp)  imbalance %.4f  predicted %10.1f us  idle %5.1f%%\n",
-        name, (long long)b.comm_bytes_fwd,
-        p.comm_bytes_fwd > 0 ? double(b.comm_bytes_fwd) / p.comm_bytes_fwd : 0.0, b.imbalance,
-        b.predicted_us, 100 * b.idle_fraction);
+        "  %-10s bytes %14lld (%s flexcp)  imbalance %.4f  predicted %10.1f us  idle %5.1f%%\n",
+        name, (long long)b.comm_bytes_fwd, ratio, b.imbalance, b.predicted_us,
+        100 * b.idle_fraction);
   };
   const std::string heads = "heads " + std::to_string(o.heads_q) + " / " +
                             std::to_string(o.heads_kv) + " not divisible by world " +
@@ -129,13 +132,13 @@ void print_text(const PlanReport& p, const Mask& mask, const PlanArgs& a) {
 }  // namespace
 
 void add_plan_options(CLI::App& cmd, PlanOptions& o) {
-  cmd.add_option("--world", o.world_size, "Ranks (GPUs)")->required()->check(CLI::PositiveNumber);
+  cmd.add_option("--world", o.world_size, "Ranks (GPUs)")->required()->check(whole_number(1));
   cmd.add_option("--chunk", o.chunk_size,
                  "Tokens per chunk, exactly (their count must be a multiple of the world)")
-      ->check(CLI::NonNegativeNumber);
+      ->check(whole_number(0));
   cmd.add_option("--chunks-per-rank", o.chunks_per_rank,
                  "Equal chunks per rank instead (default: chosen from the length and world)")
-      ->check(CLI::NonNegativeNumber);
+      ->check(whole_number(0));
   cmd.add_option("--heads", o.heads_q, "Query heads (compute time, Ulysses)")
       ->capture_default_str();
   cmd.add_option("--heads-kv", o.heads_kv, "K/V heads (bytes)")->capture_default_str();

@@ -257,16 +257,16 @@ void add_run_command(CLI::App& app) {
   add_shape_options(*cmd, args->shape);
   cmd->add_option("--layers", args->layers,
                   "Layers sharing one plan: forwards in order, backwards in reverse")
-      ->check(CLI::PositiveNumber)
+      ->check(whole_number(1))
       ->capture_default_str();
   cmd->add_option("--chunk", args->chunk,
                   "Tokens per chunk, exactly (their count must be a multiple of the ranks)")
-      ->check(CLI::NonNegativeNumber);
+      ->check(whole_number(0));
   cmd->add_option("--chunks-per-rank", args->chunks_per_rank,
                   "Equal chunks per rank (default: chosen)")
-      ->check(CLI::NonNegativeNumber);
+      ->check(whole_number(0));
   cmd->add_option("--stages", args->stages, "Remote stages (default: from the cost model)")
-      ->check(CLI::NonNegativeNumber);
+      ->check(whole_number(0));
   cmd->add_option("--seed", args->seed, "Random seed for the inputs")->capture_default_str();
   cmd->callback([args] { run_main_job(*args); });
 }
