@@ -4,7 +4,7 @@
 set -euo pipefail
 
 packages=(cmake ninja-build g++ libomp-dev nlohmann-json3-dev libcli11-dev libgtest-dev libgmock-dev
-          libopenblas-dev clang-format libopenmpi-dev openmpi-bin)
+          libopenblas-dev clang-format libopenmpi-dev openmpi-bin clang libclang-rt-14-dev)
 missing=()
 for p in "${packages[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")

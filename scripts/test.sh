@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # The whole test suite (README): installs dependencies, builds everything, runs ctest, runs it again
 # under AddressSanitizer and UBSan, builds the Python package once (a wheel) and tests it in .venv
-# and under the oldest torch it accepts (.venv-torch2.4), builds the CPU-only mode, and checks the
-# formatting. CUDA sources compile when nvcc is present; GPU tests skip without a GPU.
+# and under the oldest torch it accepts (.venv-torch2.4), builds the CPU-only mode, runs the
+# fuzzers for a minute, and checks the formatting. CUDA sources compile when nvcc is present; GPU tests skip without a GPU.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 scripts/install-deps.sh
@@ -32,4 +32,7 @@ echo "the same wheel under torch $("$oldest" -c "import torch; print(torch.__ver
 "$oldest" -m pytest -q tests/python
 # The CPU-only build mode (DESIGN §5) must keep compiling too.
 scripts/build.sh cpu flexcp flexcp_cli >/dev/null && echo "cpu-only build: ok"
+# The fuzzers (fuzz/: the mask JSON reader, the .npy reader, the work lists and the planner on
+# random slice sets), 20 s each under ASan and UBSan.
+scripts/fuzz.sh 20
 scripts/check-format.sh

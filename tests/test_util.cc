@@ -228,6 +228,28 @@ Tensor naive_dsink(const TensorView& dout, const Tensor& naive_out, const Tensor
   return g;
 }
 
+std::vector<int> replay_work_list(const WorkList& list, const Mask& mask, bool row_major,
+                                  std::int64_t block, bool* outside) {
+  const std::int64_t tk = mask.seqlen_k();
+  std::vector<int> seen(static_cast<std::size_t>(mask.seqlen_q() * tk), 0);
+  for (std::int64_t t = 0; t < list.num_tiles(); ++t) {
+    const std::int64_t r0 = t * list.tile_rows, r1 = std::min(r0 + list.tile_rows, list.num_rows);
+    for (std::int64_t e = list.tile_offsets[t]; e < list.tile_offsets[t + 1]; ++e) {
+      const WorkEntry& w = list.entries[e];
+      const Band& b = list.bands[w.band];
+      for (std::int64_t c0 = w.begin; c0 < w.end; c0 += block)
+        for (std::int64_t x = r0; x < r1; ++x) {
+          const BlockColumns cols = attended_columns(b, w.mask, x, c0, w.end, block);
+          for (std::int64_t y = c0 + cols.lo; y < c0 + cols.hi; ++y) {
+            if (!b.contains(x, y)) *outside = true;
+            ++seen[row_major ? x * tk + y : y * tk + x];
+          }
+        }
+    }
+  }
+  return seen;
+}
+
 Tensor as_fp64(const Tensor& t) {
   Tensor out(DType::kFloat64, {});
   out.bytes.resize(t.numel() * sizeof(double));

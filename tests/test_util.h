@@ -7,6 +7,7 @@
 #include <vector>
 
 #include "flexcp/flexcp.h"
+#include "kernels/worklist/worklist.h"
 
 namespace flexcp::test {
 
@@ -32,6 +33,12 @@ Tensor random_tensor(std::mt19937_64& rng, DType dtype, std::initializer_list<st
 // A random valid mask: q and k cut into random segments, a random subset of the (q, k) cells of
 // that grid each carrying a random type (so rows are shared between slices), plus empty slices.
 Mask random_mask(std::mt19937_64& rng, std::int64_t seqlen_q, std::int64_t seqlen_k);
+
+// Replays a work list the way a kernel does, block by block (of `block` columns) with the one
+// in-tile rule (attended_columns), and counts how often each (q, k) pair is computed, row-major.
+// Sets *outside when the rule keeps a pair its band does not contain.
+std::vector<int> replay_work_list(const WorkList& list, const Mask& mask, bool row_major,
+                                  std::int64_t block, bool* outside);
 
 // All attended (q, k) pairs by the definition (slice_attends), as a dense row-major bitmap.
 std::vector<char> enumerate_pairs(const std::vector<Slice>& slices, std::int64_t seqlen_q,

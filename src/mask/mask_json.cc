@@ -76,7 +76,9 @@ Mask Mask::from_json(const std::string& text) {
   json spec;
   try {
     spec = parse_without_duplicate_keys(text);
-  } catch (const json::parse_error& e) {
+  } catch (const json::exception& e) {
+    // Syntax errors, and numbers the reader cannot hold (found by fuzz/mask_json_fuzz.cc: a
+    // number past a double's range threw out_of_range, which ended the process).
     fail(std::string("not valid JSON: ") + e.what());
   }
   if (!spec.is_object())

@@ -1,6 +1,8 @@
 #include <gtest/gtest.h>
 
+#include <bit>
 #include <cmath>
+#include <random>
 
 #include "core/dtype.h"
 #include "flexcp/flexcp.h"
@@ -56,6 +58,31 @@ TEST(Tensor, Fp16DecodesEveryPatternAndRoundTrips) {
     const double want = fp16_value(bits);
     ASSERT_EQ(static_cast<double>(fp16_to_float(bits)), want) << std::hex << b;
     ASSERT_EQ(float_to_fp16(static_cast<float>(want)), bits) << std::hex << b;
+  }
+}
+
+// The integer-arithmetic conversions (what compilers without _Float16 use) agree with the default
+// ones (tested above) bit for bit: every half pattern, and floats around every half and at random.
+TEST(Tensor, Fp16SoftwareConversionsAgreeWithTheDefault) {
+  for (std::uint32_t b = 0; b < 0x10000; ++b) {
+    const auto bits = static_cast<std::uint16_t>(b);
+    const float d = fp16_to_float(bits), s = fp16_to_float_soft(bits);
+    ASSERT_TRUE(std::isnan(d) ? std::isnan(s)
+                              : std::bit_cast<std::uint32_t>(d) == std::bit_cast<std::uint32_t>(s))
+        << std::hex << b;
+    if (std::isnan(d)) continue;
+    for (const float x : {d, std::nextafter(d, INFINITY), std::nextafter(d, -INFINITY)})
+      ASSERT_EQ(float_to_fp16_soft(x), float_to_fp16(x)) << x;
+    if (b + 1 < 0x7c00) {
+      const float mid = (d + fp16_to_float(static_cast<std::uint16_t>(b + 1))) / 2;
+      ASSERT_EQ(float_to_fp16_soft(mid), float_to_fp16(mid)) << "midpoint above " << std::hex << b;
+    }
+  }
+  std::mt19937 rng(7);
+  for (int i = 0; i < 1000000; ++i) {
+    const float x = std::bit_cast<float>(static_cast<std::uint32_t>(rng()));
+    if (std::isnan(x)) continue;
+    ASSERT_EQ(float_to_fp16_soft(x), float_to_fp16(x)) << x;
   }
 }
 

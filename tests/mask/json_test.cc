@@ -41,6 +41,11 @@ TEST(MaskJson, RejectsBadSpecsWithPreciseMessages) {
             "mask spec: slice 0: unknown key \"color\"");
   EXPECT_EQ(json_error(head + R"([{"q": [0, 4], "k": [0, 4]}]})"),
             "mask spec: slice 0: missing key \"type\"");
+  // Found by the fuzzer: a number past a double's range is an error like any other, not an
+  // exception of the JSON library's that ended the process.
+  EXPECT_NE(json_error(R"({"version": 1e999, "seqlen_q": 16, "seqlen_k": 16, "slices": []})")
+                .find("mask spec: not valid JSON: "),
+            std::string::npos);
   EXPECT_EQ(
       json_error(
           head +
