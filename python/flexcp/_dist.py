@@ -1,4 +1,4 @@
-"""flexcp.DistAttention over a torch.distributed process group (DESIGN §4): the C++ runtime plans
+"""flexcp.DistAttention over a torch.distributed process group: the C++ runtime plans
 and computes; this file gives it a communicator made of the group's point-to-point and collective
 calls (gloo for CPU tensors), and the autograd of the distributed calls."""
 import ctypes

@@ -66,7 +66,7 @@ const std::vector<std::string>& mask_generator_names() {
 }
 
 void add_mask_options(CLI::App& cmd, MaskArgs& a) {
-  auto* file = cmd.add_option("--mask-file", a.file, "Mask spec (JSON, DESIGN §2)")
+  auto* file = cmd.add_option("--mask-file", a.file, "Mask spec (JSON, docs/masks.md)")
                    ->check(CLI::ExistingFile);
   auto* kind = cmd.add_option("--mask", a.kind, "Mask generator")
                    ->check(CLI::IsMember(mask_generator_names()));
