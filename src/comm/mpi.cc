@@ -166,25 +166,9 @@ class MpiCommunicator final : public Communicator {
 
   std::unique_ptr<CommHandle> start(const std::vector<SendOp>& sends,
                                     const std::vector<RecvOp>& recvs) override {
-    std::vector<MPI_Request> requests;
-    std::vector<int> peers;
     for (const RecvOp& r : recvs) check_tag(r.tag);
     for (const SendOp& s : sends) check_tag(s.tag);
-    for (const RecvOp& r : recvs) {
-      requests.emplace_back();
-      peers.push_back(r.peer);
-      check(MPI_Irecv(r.data, count_of(r.bytes), MPI_BYTE, r.peer, r.tag, MPI_COMM_WORLD,
-                      &requests.back()),
-            "Irecv");
-    }
-    for (const SendOp& s : sends) {
-      requests.emplace_back();
-      peers.push_back(s.peer);
-      check(MPI_Isend(s.data, count_of(s.bytes), MPI_BYTE, s.peer, s.tag, MPI_COMM_WORLD,
-                      &requests.back()),
-            "Isend");
-    }
-    return std::make_unique<MpiHandle>(std::move(requests), recvs.size(), std::move(peers), state_);
+    return post(sends, recvs);
   }
   void all_gather(const void* mine, std::size_t bytes, void* all) override {
     all_gather_v(mine, std::vector<std::size_t>(size_, bytes), all);
@@ -228,10 +212,9 @@ class MpiCommunicator final : public Communicator {
                       " (kept for collectives; too many transfer items in one plan)");
   }
 
-  // One exchange of a collective under the deadline: a peer that does
-  // not take part is named ("waited ... for transfers with rank(s) 3").
-  void exchange(const std::vector<SendOp>& sends, const std::vector<RecvOp>& recvs,
-                const char* what) {
+  // Posts the receives, then the sends; the handle completes them.
+  std::unique_ptr<MpiHandle> post(const std::vector<SendOp>& sends,
+                                  const std::vector<RecvOp>& recvs) {
     std::vector<MPI_Request> requests;
     std::vector<int> peers;
     for (const RecvOp& r : recvs) {
@@ -248,9 +231,16 @@ class MpiCommunicator final : public Communicator {
                       &requests.back()),
             "Isend");
     }
-    MpiHandle handle(std::move(requests), recvs.size(), std::move(peers), state_);
+    return std::make_unique<MpiHandle>(std::move(requests), recvs.size(), std::move(peers), state_);
+  }
+
+  // One exchange of a collective under the deadline: a peer that does not take part is named
+  // ("waited ... for transfers with rank(s) 3").
+  void exchange(const std::vector<SendOp>& sends, const std::vector<RecvOp>& recvs,
+                const char* what) {
+    const std::unique_ptr<MpiHandle> handle = post(sends, recvs);
     try {
-      handle.wait();
+      handle->wait();
     } catch (const Error& e) {
       throw Error(e.status(), std::string(e.what()) + " (in " + what + ")");
     }
