@@ -23,6 +23,12 @@
 
 namespace flexcp::sm90 {
 
+// The forward's named barriers (ids above CUTLASS's reserved ones), one per consumer group each.
+enum class FwdBarrier : std::uint32_t {
+  kTurn = 0,     // ids 0 and 1: consumer group g's turn on the tensor cores
+  kOStaged = 2,  // ids 2 and 3: group g's O staging tile is free, then written
+};
+
 template <class Element_, int kHeadDim_>
 struct FwdConfig {
   using Element = Element_;
@@ -241,8 +247,9 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
 
   // Turn-taking on the tensor cores: named barrier c is consumer warp group c's turn; the second
   // group's first arrival lets the first one start.
-  const int my_turn = wg - 1, other_turn = 2 - wg;
-  if (wg == 2) cutlass::arch::NamedBarrier::arrive(256, 0);
+  constexpr auto kTurn = static_cast<std::uint32_t>(FwdBarrier::kTurn);
+  const std::uint32_t my_turn = kTurn + wg - 1, other_turn = kTurn + 2 - wg;
+  if (wg == 2) cutlass::arch::NamedBarrier::arrive(256, kTurn);
 
   typename PipelineQ::PipelineState q_state;
   typename PipelineKV::PipelineState k_state;
@@ -444,7 +451,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
     const int half = wg - 1;
     const bool store_leader = ctid % 128 == 0;
     if (store_leader) tma_store_wait<0>();
-    cutlass::arch::NamedBarrier::sync(128, 2 + half);
+    cutlass::arch::NamedBarrier::sync(128, static_cast<std::uint32_t>(FwdBarrier::kOStaged) + half);
     {
       Tensor out = make_tensor_like<Element>(tOrO);
       CUTLASS_PRAGMA_UNROLL
@@ -452,7 +459,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
       copy(store_o, thr_store_o.retile_S(out), tOsO);
     }
     cutlass::arch::fence_view_async_shared();  // make the writes visible to the copy engine
-    cutlass::arch::NamedBarrier::sync(128, 2 + half);
+    cutlass::arch::NamedBarrier::sync(128, static_cast<std::uint32_t>(FwdBarrier::kOStaged) + half);
     if (store_leader) {
       // The group's rows: the second 64 tokens of one head, or the second half of the packed
       // heads (the O map's box is one half: {64, 64, 1} or {64, rows, pack / 2}).
