@@ -212,12 +212,8 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
   using ALayout = Layout<Shape<Shape<_2, _2, _2>, _1, Int<kBlockN / 16>>>;
   Tensor tDQrdS = make_tensor<Element>(ALayout{});
 
-  // This thread's rows and columns in the accumulator layout of a 64xN wgmma: rows r and r + 8 of
-  // its group's 64, columns col_base + 8 j + {0, 1}.
-  const int lane = threadIdx.x % 32;
-  const int row_in_group = ((threadIdx.x / 32) % 4) * 16 + lane / 4;
-  const int col_base = 2 * (lane % 4);
-  constexpr float kNegInf = -INFINITY;
+  // This thread's rows (of its group's 64) and columns in the accumulators.
+  const auto [row_in_group, col_base] = detail::fragment_coords();
 
   typename PipelineQ::PipelineState q_state;
   typename PipelineKV::PipelineState kv_state;
@@ -261,11 +257,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
       CUTLASS_PRAGMA_UNROLL
       for (int h = 0; h < 2; ++h) {
         const BlockColumns cols = attended_columns(band, entry.mask, row[h], k0, end, kBlockN);
-        const int lo = int(cols.lo) - col_base, hi = int(cols.hi) - col_base;
-        CUTLASS_PRAGMA_UNROLL
-        for (int j = 0; j < kBlockN / 8; ++j) CUTLASS_PRAGMA_UNROLL
-        for (int c = 0; c < 2; ++c)
-          if (8 * j + c < lo || 8 * j + c >= hi) tSrS(c + 2 * h + 4 * j) = kNegInf;
+        detail::mask_outside<kBlockN>(tSrS, h, int(cols.lo) - col_base, int(cols.hi) - col_base);
       }
     }
     CUTLASS_PRAGMA_UNROLL

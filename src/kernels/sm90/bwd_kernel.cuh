@@ -262,13 +262,9 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
   auto store_ds = make_tiled_copy_C(Copy_Atom<SM90_U16x8_STSM_T, Element>{}, mma_sdp);
   auto thr_store_ds = store_ds.get_thread_slice(ctid);
 
-  // This thread's rows and columns in the accumulator layout of a 64xN wgmma: rows r and r + 8
-  // (keys of S^T, dK, dV; q rows of dQ), columns col_base + 8 j + {0, 1}.
   const bool group_leader = ctid % 128 == 0;  // issues the group's dQ reductions
-  const int lane = threadIdx.x % 32;
-  const int row_in_group = ((threadIdx.x / 32) % 4) * 16 + lane / 4;
-  const int col_base = 2 * (lane % 4);
-  constexpr float kNegInf = -INFINITY;
+  // This thread's rows (keys of S^T, dK, dV; q rows of dQ) and columns in the accumulators.
+  const auto [row_in_group, col_base] = detail::fragment_coords();
 
   typename PipelineQ::PipelineState q_state, do_state;
   typename PipelineKV::PipelineState kv_state;
@@ -338,11 +334,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
         const int key = key0 + 64 * half + row_in_group + 8 * h;
         BlockColumns cols = attended_columns(band, entry.mask, key, c0, end, kBlockM);
         if (key >= p.seqlen_k) cols = {0, 0};
-        const int lo = int(cols.lo) - col_base, hi = int(cols.hi) - col_base;
-        CUTLASS_PRAGMA_UNROLL
-        for (int j = 0; j < kBlockM / 8; ++j) CUTLASS_PRAGMA_UNROLL
-        for (int c = 0; c < 2; ++c)
-          if (8 * j + c < lo || 8 * j + c >= hi) tSrS(c + 2 * h + 4 * j) = kNegInf;
+        detail::mask_outside<kBlockM>(tSrS, h, int(cols.lo) - col_base, int(cols.hi) - col_base);
       }
     }
     // This thread's columns of the statistics (the copy started up to 3 rows early).

@@ -71,6 +71,27 @@ __device__ __forceinline__ void load_tile(const CUtensorMap* map, std::uint64_t*
     cute::SM90_TMA_LOAD_3D::copy(map, bar, kHint, dst + c * kRows * 64, c * 64, row0, head);
 }
 
+// This thread's place in the accumulator of a 64xN wgmma (one warp group's): rows `row` and
+// row + 8 of the group's 64, columns col_base + 8 j + {0, 1}; element c + 2 h + 4 j of the
+// fragment is row + 8 h, column col_base + 8 j + c.
+struct FragmentCoords {
+  int row, col_base;
+};
+__device__ __forceinline__ FragmentCoords fragment_coords() {
+  const int lane = threadIdx.x % 32;
+  return {((threadIdx.x / 32) % 4) * 16 + lane / 4, 2 * (lane % 4)};
+}
+
+// Sets to -inf the elements of row h of the fragment (kCols columns) outside columns [lo, hi),
+// given relative to the thread's col_base: the in-tile mask applied to a block.
+template <int kCols, class Frag>
+__device__ __forceinline__ void mask_outside(Frag& s, int h, int lo, int hi) {
+  CUTLASS_PRAGMA_UNROLL
+  for (int j = 0; j < kCols / 8; ++j) CUTLASS_PRAGMA_UNROLL
+  for (int c = 0; c < 2; ++c)
+    if (8 * j + c < lo || 8 * j + c >= hi) s(c + 2 * h + 4 * j) = -INFINITY;
+}
+
 // Zero, as a value the compiler cannot see through (so that what is computed from it stays in
 // the loop that computes it).
 __device__ __forceinline__ int opaque_zero() {
