@@ -9,7 +9,8 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 seconds=${1:-20}
 cmake --preset fuzz > /dev/null
-cmake --build build/fuzz --target fuzz_mask_json fuzz_npy fuzz_plan > /dev/null
+cmake --build build/fuzz --target fuzz_mask_json fuzz_npy fuzz_plan flexcp_cli > /dev/null
+echo "cpu-only build (clang, the fuzz preset): ok"
 mkdir -p build/fuzz/crashes
 for target in mask_json npy plan; do
   work=build/fuzz/corpus/$target
