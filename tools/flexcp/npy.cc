@@ -84,7 +84,7 @@ NpyArray read_npy(const std::string& path) {
   in.seekg(0, std::ios::end);
   const std::streamoff data_bytes = in.tellg() - data_begin;
   in.seekg(data_begin);
-  if (static_cast<double>(count) * sizeof(float) != static_cast<double>(data_bytes))
+  if (count * static_cast<std::int64_t>(sizeof(float)) != static_cast<std::int64_t>(data_bytes))
     fail(path, "shape " + shape + " is " + std::to_string(count) + " float32 values (" +
                    std::to_string(count * static_cast<std::int64_t>(sizeof(float))) +
                    " bytes), but the file holds " + std::to_string(data_bytes) + " bytes of data");
