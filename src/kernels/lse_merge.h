@@ -21,6 +21,9 @@ struct LseMerge {
 };
 
 FLEXCP_HOST_DEVICE inline LseMerge merge_lse(float a, float b) {
+  // A NaN part (non-finite input reached the row) makes the merge NaN: the comparisons below
+  // alone would drop it against an empty part and report an empty row.
+  if (a != a || b != b) return {NAN, NAN, NAN};
   const float top = a > b ? a : b;
   if (top == -INFINITY) return {};
   // exp of the smaller over the larger is in (0, 1]: no overflow, and log1p keeps it exact.

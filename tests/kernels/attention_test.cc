@@ -169,41 +169,14 @@ TEST(Attention, FullyMaskedRowsAndEmptyMasks) {
 // and in the gradients of what they touch; the other heads stay finite.
 TEST(Attention, NonFiniteInputsShowAsNaNInTheRowsTheyReach) {
   std::mt19937_64 rng(57);
-  const std::int64_t t = 150, hq = 2, hk = 2, d = 32;
-  const Mask mask = masks::causal(t, t);
-  Tensor q = test::random_tensor(rng, DType::kFloat32, {t, hq, d}),
-         k = test::random_tensor(rng, DType::kFloat32, {t, hk, d}),
-         v = test::random_tensor(rng, DType::kFloat32, {t, hk, d}),
-         dout = test::random_tensor(rng, DType::kFloat32, {t, hq, d});
-  const std::int64_t nan_row = 10, inf_row = 120;
-  q.set((nan_row * hq + 0) * d + 3, NAN);       // head 0
-  q.set((inf_row * hq + 0) * d + 0, INFINITY);  // head 0 (fp16 overflow)
-  Tensor out(DType::kFloat32, {t, hq, d}), lse(DType::kFloat32, {t, hq});
-  forward(q.view, k.view, v.view, mask, out.view, lse.view);
-  for (std::int64_t x = 0; x < t; ++x)
-    for (std::int64_t h = 0; h < hq; ++h) {
-      const bool reached = h == 0 && (x == nan_row || x == inf_row);
-      EXPECT_EQ(std::isnan(lse.get(x * hq + h)), reached) << "lse row " << x << " head " << h;
-      for (std::int64_t c = 0; c < d; ++c)
-        ASSERT_EQ(std::isnan(out.get((x * hq + h) * d + c)), reached)
-            << "out row " << x << " head " << h;
-    }
-  Tensor dq(DType::kFloat32, {t, hq, d}), dk(DType::kFloat32, {t, hk, d}),
-      dv(DType::kFloat32, {t, hk, d});
-  backward(dout.view, q.view, k.view, v.view, out.view, lse.view, mask, dq.view, dk.view, dv.view);
-  for (std::int64_t x = 0; x < t; ++x)
-    for (std::int64_t h = 0; h < hq; ++h) {
-      const bool reached = h == 0 && (x == nan_row || x == inf_row);
-      EXPECT_EQ(std::isnan(dq.get((x * hq + h) * d)), reached) << "dq row " << x << " head " << h;
-    }
-  for (std::int64_t y = 0; y <= nan_row; ++y) {  // keys the NaN row attends
-    EXPECT_TRUE(std::isnan(dk.get(y * hk * d))) << "dk key " << y;
-    EXPECT_TRUE(std::isnan(dv.get(y * hk * d))) << "dv key " << y;
-  }
-  for (std::int64_t y = 0; y < t; ++y) {  // the other kv head: nothing reaches it
-    EXPECT_FALSE(std::isnan(dk.get((y * hk + 1) * d))) << "dk key " << y;
-    EXPECT_FALSE(std::isnan(dv.get((y * hk + 1) * d))) << "dv key " << y;
-  }
+  const test::NonFiniteCase c(rng, 2, 32, DType::kFloat32);
+  Tensor out(DType::kFloat32, {c.t, c.hq, c.d}), lse(DType::kFloat32, {c.t, c.hq});
+  forward(c.q.view, c.k.view, c.v.view, c.mask(), out.view, lse.view);
+  Tensor dq(DType::kFloat32, {c.t, c.hq, c.d}), dk(DType::kFloat32, {c.t, c.hk, c.d}),
+      dv(DType::kFloat32, {c.t, c.hk, c.d});
+  backward(c.dout.view, c.q.view, c.k.view, c.v.view, out.view, lse.view, c.mask(), dq.view,
+           dk.view, dv.view);
+  test::expect_nan_exactly_where_reached(c, out, lse, dq, dk, dv);
 }
 
 // The reference gradients themselves, against central finite differences of the reference

@@ -5,6 +5,7 @@
 #include <cmath>
 #include <optional>
 #include <random>
+#include <string>
 
 #include "cuda_test_util.h"
 
@@ -242,6 +243,40 @@ TEST(Sm90Backward, DeterministicRepeatsBitForBit) {
   EXPECT_LE(test::max_abs_diff(test::as_fp64(a.dq), test::as_fp64(f.dq)), 2e-2);
   EXPECT_EQ(a.dk.bytes, f.dk.bytes);
   EXPECT_EQ(a.dv.bytes, f.dv.bytes);
+}
+
+// A NaN or an inf in q shows as NaN in the rows and keys it reaches, in both directions and both
+// modes, with a sink (whose merge must not drop it) and GQA: not as an empty row (out = 0,
+// lse = -inf). Outputs start as zeros, not as the NaN poison, so that every NaN was written.
+TEST(Sm90Backward, NonFiniteInputsShowAsNaNInTheRowsTheyReach) {
+  SKIP_WITHOUT_GPU();
+  std::mt19937_64 rng(58);
+  const test::NonFiniteCase c(rng, 4, 64, DType::kBFloat16);
+  const Mask mask = c.mask();
+  const Tensor sink = test::random_tensor(rng, DType::kFloat32, {c.hq});
+  const DeviceCopy q(c.q), k(c.k), v(c.v), dout(c.dout), sink_on_device(sink);
+  for (const bool deterministic : {false, true})
+    for (const bool with_sink : {false, true}) {
+      SCOPED_TRACE(std::string(deterministic ? "deterministic" : "default") +
+                   (with_sink ? ", sink" : ""));
+      Tensor out(c.dtype, {c.t, c.hq, c.d}), lse(DType::kFloat32, {c.t, c.hq}),
+          dq(c.dtype, {c.t, c.hq, c.d}), dk(c.dtype, {c.t, c.hk, c.d}),
+          dv(c.dtype, {c.t, c.hk, c.d}), dsink(DType::kFloat32, {c.hq});
+      for (Tensor* t : {&out, &lse, &dq, &dk, &dv, &dsink}) t->fill(0.0);
+      const DeviceCopy o(out), l(lse), gq(dq), gk(dk), gv(dv), gs(dsink);
+      AttentionOptions options;
+      options.deterministic = deterministic;
+      if (with_sink) options.sink = sink_on_device.view;
+      forward(q.view, k.view, v.view, mask, o.view, l.view, options);
+      backward(dout.view, q.view, k.view, v.view, o.view, l.view, mask, gq.view, gk.view, gv.view,
+               options, with_sink ? gs.view : TensorView{});
+      o.copy_to(out);
+      l.copy_to(lse);
+      gq.copy_to(dq);
+      gk.copy_to(dk);
+      gv.copy_to(dv);
+      test::expect_nan_exactly_where_reached(c, out, lse, dq, dk, dv);
+    }
 }
 
 }  // namespace

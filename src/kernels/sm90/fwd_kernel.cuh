@@ -433,7 +433,10 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
       l += __shfl_xor_sync(0xffffffffu, l, 2);
       mul[h] = 0.f;
       float lse = kNegInf;
-      if (l > 0.f) {  // a row with no attended key keeps out = 0, lse = -inf (and no sink)
+      // A row with no attended key (l = 0) keeps out = 0, lse = -inf and no sink. A NaN sum
+      // (a non-finite logit: every one of them NaN leaves the row maximum at -inf, as if the
+      // row were empty) goes through and makes out and lse NaN.
+      if (l != 0.f) {
         lse = (r.max[h] + __log2f(l)) * kLn2;
         mul[h] = 1.f / l;
         if (p.sink != nullptr) {
