@@ -203,7 +203,10 @@ TEST(Sm90Forward, APlanBoundOnceRunsRepeatedlyAndInACudaGraph) {
     glse.copy_to(replay_lse);
     EXPECT_EQ(replay_out.bytes, want_out.bytes) << "replay " << replay;
     EXPECT_EQ(replay_lse.bytes, want_lse.bytes) << "replay " << replay;
-    cuda_ok(cudaMemset(gout.ptr, 0xff, c.out.bytes.size()));  // poison again
+    // Poison again, on the replay's stream: a non-blocking stream does not wait for the legacy
+    // default stream, so a plain cudaMemset could land after the next replay's writes.
+    cuda_ok(cudaMemsetAsync(gout.ptr, 0xff, c.out.bytes.size(), stream));
+    cuda_ok(cudaMemsetAsync(glse.ptr, 0xff, c.lse.bytes.size(), stream));
   }
   cuda_ok(cudaGraphExecDestroy(exec));
   cuda_ok(cudaGraphDestroy(graph));
