@@ -1,6 +1,7 @@
 """flexcp.DistAttention over a torch.distributed process group: the C++ runtime plans
 and computes; this file gives it a communicator made of the group's point-to-point and collective
 calls (gloo for CPU tensors), and the autograd of the distributed calls."""
+import collections
 import ctypes
 import os
 
@@ -18,6 +19,19 @@ def _bytes_at(address, nbytes):
     if nbytes == 0:
         return torch.empty(0, dtype=torch.uint8)
     return torch.frombuffer((ctypes.c_uint8 * nbytes).from_address(address), dtype=torch.uint8)
+
+
+# NOTE: gloo's worker thread drops its reference to a collective's tensors a moment after the call
+# returns. Were it the last reference, freeing them would take the GIL on that thread; under torch
+# 2.4, a destroy_process_group() on the main thread in that moment joined the worker while holding
+# the GIL: a deadlock (seen in tests, about one run in five). The last two collectives' host
+# tensors are held here, so that they are freed later, on the calling thread (at most two
+# gathers' buffers of host memory; device tensors do not go through gloo).
+_recent_collectives = collections.deque(maxlen=2)
+
+
+def _hold_until_later(*tensors):
+    _recent_collectives.append([t for t in tensors if isinstance(t, list) or not t.is_cuda])
 
 
 def _timeout_s():
@@ -80,6 +94,7 @@ class _GroupComm:
         send[:counts[self._rank]] = _bytes_at(mine, counts[self._rank])
         parts = [torch.empty(width, dtype=torch.uint8) for _ in range(self._size)]
         dist.all_gather(parts, send, group=self.group)
+        _hold_until_later(send, parts)
         dest = _bytes_at(out, sum(counts))
         offset = 0
         for part, n in zip(parts, counts):
@@ -280,7 +295,9 @@ def _gather_rows(attn, x_local):
     padded = x_local.new_zeros((width, *x_local.shape[1:]))
     padded[:x_local.shape[0]] = x_local
     parts = [torch.empty_like(padded) for _ in range(attn.world_size)]
-    dist.all_gather(parts, padded.contiguous(), group=attn.group)
+    padded = padded.contiguous()
+    dist.all_gather(parts, padded, group=attn.group)
+    _hold_until_later(padded, parts)
     out = x_local.new_empty((attn.mask.seqlen_q, *x_local.shape[1:]))
     for r, (part, n) in enumerate(zip(parts, counts)):
         out.index_copy_(0, attn._positions_of(r), part[:n])
@@ -297,6 +314,7 @@ class _Undispatch(torch.autograd.Function):
     def backward(ctx, grad):
         summed = grad.contiguous().clone()
         dist.all_reduce(summed, group=ctx.attn.group)
+        _hold_until_later(summed)
         return None, summed.index_select(0, ctx.attn.position_ids.to(grad.device))
 
 
