@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# A/B of the GPU forward on a GPU host: this tree's flexcp against another checkout's (a copy of an
+# A/B of the GPU forward (or, with BACKWARD=1, the backward) on a GPU host: this tree's flexcp against another checkout's (a copy of an
 # earlier commit, e.g. `git worktree add /tmp/base COMMIT`, copied into an ignored folder and
 # carried), on the same protocol masks, alternating A and B for ROUNDS rounds so that clock drift
 # and heat hit both alike. Needs build/gpu (scripts/gpu-check.sh builds it). Prints one line per
@@ -34,13 +34,16 @@ for t in "${lengths[@]}"; do
   $a mask --mask sliding-window --window 1024 --seqlen "$t" --out "$specs/swa1024-$t.json" >/dev/null
   for m in $masks; do names+=("$m-$t"); done
 done
-tflops() {  # cli spec -> TFLOPS of one bench call
+dir=fwd bwd_flag=()
+[[ -n "${BACKWARD:-}" ]] && dir=bwd bwd_flag=(--backward)
+tflops() {  # cli spec -> TFLOPS of one bench call, in the direction compared
   "$1" bench --device cuda --mask-file "$2" --heads "$heads" --heads-kv "$heads_kv" \
-    --head-dim 128 --dtype bf16 --warmup 2 --repeat 5 | sed -n 's/.*TFLOPS=\([0-9.]*\).*/\1/p'
+    --head-dim 128 --dtype bf16 --warmup 2 --repeat 5 "${bwd_flag[@]}" |
+    sed -n "s/.* dir=$dir .*TFLOPS=\([0-9.]*\).*/\1/p"
 }
 median() { tr ' ' '\n' | sort -g | awk '{v[NR]=$1} END {print v[int((NR+1)/2)]}'; }
 {
-  echo "A: $label (this tree), B: $base; GQA $heads:$heads_kv, hd128, bf16, $rounds rounds"
+  echo "A: $label (this tree), B: $base; $dir, GQA $heads:$heads_kv, hd128, bf16, $rounds rounds"
   printf '%-22s %10s %10s %8s   %s\n' mask "A TFLOPS" "B TFLOPS" "A/B" "rounds (A B)"
   for n in "${names[@]}"; do
     as=() bs=()

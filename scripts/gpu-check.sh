@@ -19,7 +19,8 @@ summary="$out/summary.txt"
   nvcc --version | tail -1
 } > "$summary" 2>&1
 t0=$SECONDS
-cmake -S . -B build/gpu -G Ninja -DCMAKE_BUILD_TYPE=Release > "$out/build.log" 2>&1 &&
+cmake -S . -B build/gpu -G Ninja -DCMAKE_BUILD_TYPE=Release -DFLEXCP_BUILD_PYTHON=ON \
+  > "$out/build.log" 2>&1 &&
   cmake --build build/gpu -j "$(nproc)" >> "$out/build.log" 2>&1 ||
   { tail -40 "$out/build.log"; exit 1; }
 echo "build: $((SECONDS - t0)) s" >> "$summary"
@@ -38,6 +39,16 @@ t0=$SECONDS
 ctest --test-dir build/gpu -j 8 --output-on-failure > "$out/ctest.log" 2>&1
 rc=$?
 echo "ctest: rc $rc, $((SECONDS - t0)) s; $(grep -E 'tests passed|tests failed' "$out/ctest.log")" >> "$summary"
+
+# The Python suite on the CUDA build (the 1M-token backward included): the package's sources beside
+# the module built above, so that the kernels are compiled once.
+t0=$SECONDS
+pkg=$(mktemp -d)
+cp -r python/flexcp "$pkg/" && cp build/gpu/python/_flexcp*.so "$pkg/flexcp/"
+PYTHONPATH=$pkg python3 -m pytest -q -rs tests/python > "$out/pytest.log" 2>&1
+prc=$?
+((prc == 0)) || rc=1
+echo "pytest: rc $prc, $((SECONDS - t0)) s; $(tail -1 "$out/pytest.log")" >> "$summary"
 
 t0=$SECONDS
 for tool in memcheck racecheck; do
@@ -61,7 +72,7 @@ if (($#)); then
   rm -f "$out"/gpu_bench_*.json  # the tables carry every figure; keeps what comes back small
   echo "bench: $((SECONDS - t0)) s" >> "$summary"
 fi
-grep -E "Failed|\*\*\*Failed|FAILED" "$out/ctest.log" | head -20
+grep -E "Failed|\*\*\*Failed|FAILED" "$out/ctest.log" "$out/pytest.log" | head -20
 cat "$summary"
 cat "$out"/gpu_bench_*.md 2>/dev/null
 exit $rc
