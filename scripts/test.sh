@@ -5,6 +5,7 @@
 # fuzzers for a minute, and checks the formatting. CUDA sources compile when nvcc is present; GPU tests skip without a GPU.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+stage() { echo "test.sh: $1 done, $((SECONDS / 60)) min $((SECONDS % 60)) s in"; }
 scripts/install-deps.sh
 python=$(scripts/python-env.sh)  # first, so that ctest's torch comparisons find torch there
 # Without a GPU nothing here can run the CUDA kernels: compile one dtype's instances (bf16; fp16
@@ -16,9 +17,11 @@ sm90_dtypes=$( ((gpu)) && echo "bf16;fp16" || echo "bf16")
 cmake --preset default -DFLEXCP_SM90_DTYPES="$sm90_dtypes" >/dev/null
 scripts/build.sh default
 ctest --preset default -j "$(nproc)"
+stage "build and ctest"
 # Again under AddressSanitizer and UBSan (CPU only).
 scripts/build.sh debug >/dev/null
 ctest --preset debug -j "$(nproc)"
+stage "sanitizer build and ctest"
 # The Python package (DESIGN §4): one wheel built in its own environment (`pip wheel`, what
 # `pip install .` builds), installed and tested there, then the same wheel under the oldest torch
 # it accepts (the module does not link torch, so one build serves every torch from 2.4 on). Where
@@ -32,12 +35,15 @@ rm -rf build/wheel
 wheel=(build/wheel/flexcp-*.whl)
 "$python" -m pip install -q --no-deps --force-reinstall "${wheel[0]}"
 "$python" -m pytest -q tests/python
+stage "wheel and Python tests"
 oldest=$(scripts/python-env.sh --oldest-torch)
 "$oldest" -m pip install -q --no-deps --force-reinstall "${wheel[0]}"
 echo "the same wheel under torch $("$oldest" -c "import torch; print(torch.__version__)"):"
 "$oldest" -m pytest -q tests/python
+stage "Python tests under the oldest torch"
 # The fuzzers (fuzz/: the mask JSON reader, the .npy reader, the work lists and the planner on
 # random slice sets), 15 s each under ASan and UBSan. Their build is also the check that the
 # CPU-only mode (DESIGN §5) compiles: the library and the tool without CUDA, here with clang.
 scripts/fuzz.sh 15
+stage "fuzzing"
 scripts/check-format.sh
