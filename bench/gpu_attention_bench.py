@@ -120,7 +120,9 @@ def main():
         q = torch.randn(shape_q, device=dev, dtype=torch.bfloat16)
         k = torch.randn(shape_kv, device=dev, dtype=torch.bfloat16)
         v = torch.randn(shape_kv, device=dev, dtype=torch.bfloat16)
-        block_mask = create_block_mask(mask_mod, 1, 1, t, t, device=dev)
+        # Past 32K the eager block mask would materialise T x T booleans (128 GiB at 128K);
+        # compiled, it is built block by block.
+        block_mask = create_block_mask(mask_mod, 1, 1, t, t, device=dev, _compile=t > 32768)
         row = {"mask": name, "seqlen": t, "area": area}
         times = flexcp_ms(a.flexcp, path, a)
         row["flexcp_ms"] = times["fwd"]
