@@ -62,7 +62,8 @@ struct BwdParams {
   float softcap = 0.f;
   float softcap_scale = 0.f;
   float softcap_t = 0.f;  // ln(2) / softcap: t = (log2(P) + lse2) softcap_t
-  // false in the deterministic mode: dQ is left to the q-tile-major pass (bwd_dq_kernel.cuh).
+  // false in the deterministic mode: selects the kernel instance without the dQ product
+  // (BwdConfig::kAccumulateDq); the kernel itself does not read it.
   bool accumulate_dq = true;
 };
 

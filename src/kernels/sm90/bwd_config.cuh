@@ -1,0 +1,122 @@
+// The backward kernel's constants in one place: tile sizes, stages, register budgets and shared
+// memory (each with its reason), the MMA and shared-memory layouts, and its named barriers.
+#pragma once
+
+#include <cutlass/arch/barrier.h>
+#include <cute/arch/copy_sm90_tma.hpp>
+#include <cute/tensor.hpp>
+#include <cutlass/pipeline/pipeline.hpp>
+
+#include "kernels/sm90/bwd_params.h"
+#include "kernels/sm90/kernel_common.cuh"
+#include "kernels/sm90/tile_scheduler.cuh"
+
+namespace flexcp::sm90 {
+
+// The backward's named barriers (ids above CUTLASS's reserved ones).
+enum class BwdBarrier : std::uint32_t {
+  kDsReady = 0,   // both consumer groups have written their dS^T of the block to shared memory
+  kDqStaged = 1,  // one group has staged its dQ (ids 1 and 2: one per group)
+};
+
+template <class Element_, int kHeadDim_, bool kAccumulateDq_ = true>
+struct BwdConfig {
+  using Element = Element_;
+  static constexpr int kHeadDim = kHeadDim_;
+  // false in the deterministic mode: dQ is left to the q-tile-major pass (bwd_dq_kernel.cuh). A
+  // template parameter, not a flag: tested at run time in the block loop it cost the default
+  // mode 1-3% (measured, bench/results/h200-backward-2026-12-01.md).
+  static constexpr bool kAccumulateDq = kAccumulateDq_;
+  static constexpr int kBlockM = kBwdBlockM;  // q rows per block
+  static constexpr int kBlockN = kBwdBlockN;  // keys per CTA
+  static constexpr int kStages = 2;           // Q and dO buffers: the next block loads meanwhile
+  static constexpr int kDsStages = 2;         // dS buffers: one group may write the next block's dS
+                                              // while the other still reads this one's for dQ
+  static constexpr int kConsumers = 2;
+  static constexpr int kThreads = 128 * (kConsumers + 1);
+  static constexpr int kPanels = kHeadDim / 64;  // 128-byte swizzle panels along D (one TMA box)
+  // Register budgets: the consumers hold dK and dV (kHeadDim fp32 each), S^T, dP^T and dQ; the
+  // producer (one thread) takes the rest. The pool is fixed at launch (the launch bound's share
+  // of the 64K-register file, 168 per thread): 24 + 2 x 240 = 3 x 168 exactly. A larger producer
+  // budget leaves the consumers' setmaxnreg waiting forever.
+  static constexpr int kLaunchRegs = 65536 / kThreads / 8 * 8;
+  static constexpr int kProducerRegs = 24;
+  static constexpr int kConsumerRegs = 240;
+  static_assert(kProducerRegs + kConsumers * kConsumerRegs <= (kConsumers + 1) * kLaunchRegs);
+  static_assert(kHeadDim % 64 == 0 && kBlockN == 64 * kConsumers && kBlockM == 64);
+  // Each group's dQ staging tile: kBlockM rows x kHeadDim / 2 fp32, in panels one TMA box wide.
+  static constexpr int kDqCols = kHeadDim / 2;
+  static constexpr int kDqPanels = kDqCols / kBwdDqBoxCols;
+  static_assert(kDqCols % kBwdDqBoxCols == 0 && kBwdDqBoxCols * sizeof(float) == 128);
+
+  using Atom2M = cute::Layout<cute::Shape<cute::_2, cute::_1, cute::_1>>;
+  using Atom2N = cute::Layout<cute::Shape<cute::_1, cute::_2, cute::_1>>;
+  // S^T and dP^T: M = keys (64 per group), N = q rows, K = head dim.
+  using TileSdP = cute::Shape<cute::Int<kBlockN>, cute::Int<kBlockM>, cute::Int<kHeadDim>>;
+  using MmaSdP = decltype(cute::make_tiled_mma(
+      cute::GMMA::ss_op_selector<Element, Element, float, TileSdP>(), Atom2M{}));
+  // dV and dK: M = keys, N = head dim, K = q rows; A (P^T, dS^T) from registers.
+  using TileKV = cute::Shape<cute::Int<kBlockN>, cute::Int<kHeadDim>, cute::Int<kBlockM>>;
+  using MmaKV = decltype(cute::make_tiled_mma(
+      cute::GMMA::rs_op_selector<Element, Element, float, TileKV, cute::GMMA::Major::K,
+                                 cute::GMMA::Major::MN>(),
+      Atom2M{}));
+  // dQ: M = q rows, N = half the head dim per group, K = keys.
+  using TileDQ = cute::Shape<cute::Int<kBlockM>, cute::Int<kHeadDim / 2>, cute::Int<kBlockN>>;
+  using MmaDQ = decltype(cute::make_tiled_mma(
+      cute::GMMA::ss_op_selector<Element, Element, float, TileDQ, cute::GMMA::Major::K,
+                                 cute::GMMA::Major::MN>(),
+      Atom2N{}));
+
+  using SwizzleAtom = decltype(cute::GMMA::Layout_K_SW128_Atom<Element>{});
+  using SmemLayoutQ = decltype(cute::tile_to_shape(
+      SwizzleAtom{}, cute::Shape<cute::Int<kBlockM>, cute::Int<kHeadDim>, cute::Int<kStages>>{}));
+  using SmemLayoutKV = decltype(cute::tile_to_shape(
+      SwizzleAtom{}, cute::Shape<cute::Int<kBlockN>, cute::Int<kHeadDim>>{}));
+  using SmemLayoutDs = decltype(cute::tile_to_shape(
+      SwizzleAtom{}, cute::Shape<cute::Int<kBlockM>, cute::Int<kBlockN>, cute::Int<kDsStages>>{}));
+  // Transposed views (of the view, not of memory): Q and dO as (D, q rows) for the B operand of
+  // dK and dV, K as (D, keys) for the B operand of dQ, dS as (keys, q rows) for its writers.
+  using SmemLayoutQt = decltype(cute::composition(
+      SmemLayoutQ{},
+      cute::make_layout(
+          cute::Shape<cute::Int<kHeadDim>, cute::Int<kBlockM>, cute::Int<kStages>>{},
+          cute::Stride<cute::Int<kBlockM>, cute::_1, cute::Int<kBlockM * kHeadDim>>{})));
+  using SmemLayoutKt = decltype(cute::composition(
+      SmemLayoutKV{}, cute::make_layout(cute::Shape<cute::Int<kHeadDim>, cute::Int<kBlockN>>{},
+                                        cute::Stride<cute::Int<kBlockN>, cute::_1>{})));
+  using SmemLayoutDst = decltype(cute::composition(
+      SmemLayoutDs{},
+      cute::make_layout(
+          cute::Shape<cute::Int<kBlockN>, cute::Int<kBlockM>, cute::Int<kDsStages>>{},
+          cute::Stride<cute::Int<kBlockM>, cute::_1, cute::Int<kBlockM * kBlockN>>{})));
+
+  using PipelineQ = cutlass::PipelineTmaAsync<kStages>;
+  using PipelineKV = cutlass::PipelineTmaAsync<1>;
+  using Items = ItemQueue<2>;  // item slots between the producer and the consumers
+  using PipelineItem = typename Items::Pipeline;
+
+  struct SharedStorage {
+    cute::array_aligned<Element, cute::cosize_v<SmemLayoutQ>, 1024> q;
+    cute::array_aligned<Element, cute::cosize_v<SmemLayoutQ>, 1024> dout;
+    cute::array_aligned<Element, cute::cosize_v<SmemLayoutKV>, 1024> k;
+    cute::array_aligned<Element, cute::cosize_v<SmemLayoutKV>, 1024> v;
+    cute::array_aligned<Element, cute::cosize_v<SmemLayoutDs>, 1024> ds;
+    cute::array_aligned<float, kBlockM * kHeadDim, 1024> dq;  // [group][panel][row][32], swizzled
+    cute::array_aligned<float, kBwdStatsLoad * kStages, 128> lse2;
+    cute::array_aligned<float, kBwdStatsLoad * kStages, 128> delta;
+    typename PipelineQ::SharedStorage pipe_q;
+    typename PipelineQ::SharedStorage pipe_do;
+    typename PipelineKV::SharedStorage pipe_kv;
+    typename Items::SharedStorage items;
+  };
+  static constexpr int kSmemBytes = int(sizeof(SharedStorage)) + 1024;
+  static_assert(kSmemBytes <= 227 * 1024, "more shared memory than an sm_90 CTA may have");
+
+  static constexpr std::uint32_t kQBytes = kBlockM * kHeadDim * sizeof(Element);
+  static constexpr std::uint32_t kStatsBytes = kBwdStatsLoad * sizeof(float);
+  static_assert(kStatsBytes % 16 == 0, "bulk copies move multiples of 16 bytes");
+  static constexpr std::uint32_t kKVBytes = kBlockN * kHeadDim * sizeof(Element);
+};
+
+}  // namespace flexcp::sm90
