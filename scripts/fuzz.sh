@@ -9,10 +9,10 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 seconds=${1:-20}
 cmake --preset fuzz > /dev/null
-cmake --build build/fuzz --target fuzz_mask_json fuzz_npy fuzz_plan flexcp_cli > /dev/null
+cmake --build build/fuzz --target fuzz_mask_json fuzz_npy fuzz_plan fuzz_cli_args flexcp_cli > /dev/null
 echo "cpu-only build (clang, the fuzz preset): ok"
 mkdir -p build/fuzz/crashes
-for target in mask_json npy plan; do
+for target in mask_json npy plan cli_args; do
   work=build/fuzz/corpus/$target
   mkdir -p "$work"
   if ! build/fuzz/fuzz/fuzz_$target -max_total_time="$seconds" -timeout=10 -rss_limit_mb=4096 \

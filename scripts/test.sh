@@ -41,8 +41,8 @@ oldest=$(scripts/python-env.sh --oldest-torch)
 echo "the same wheel under torch $("$oldest" -c "import torch; print(torch.__version__)"):"
 "$oldest" -m pytest -q tests/python
 stage "Python tests under the oldest torch"
-# The fuzzers (fuzz/: the mask JSON reader, the .npy reader, the work lists and the planner on
-# random slice sets), 15 s each under ASan and UBSan. Their build is also the check that the
+# The fuzzers (fuzz/: the mask JSON reader, the .npy reader, the command line, the work lists and
+# the planner on random slice sets), 15 s each under ASan and UBSan. Their build is also the check that the
 # CPU-only mode (DESIGN §5) compiles: the library and the tool without CUDA, here with clang.
 scripts/fuzz.sh 15
 stage "fuzzing"
