@@ -10,5 +10,6 @@ scripts/build.sh default flexcp_cli >/dev/null
 ranks=${FLEXCP_RANKS:-4}
 # One OpenMP thread per rank when ranks share the cores.
 threads=$(( $(nproc) / ranks )); (( threads >= 1 )) || threads=1
-exec mpirun --allow-run-as-root --oversubscribe --bind-to none -np "$ranks" -x OMP_NUM_THREADS="$threads" \
-  build/default/tools/flexcp/flexcp run "$@"
+# -q: a failing rank's own message is the error; Open MPI's banners about the exit are left out.
+exec mpirun -q --allow-run-as-root --oversubscribe --bind-to none -np "$ranks" \
+  -x OMP_NUM_THREADS="$threads" build/default/tools/flexcp/flexcp run "$@"

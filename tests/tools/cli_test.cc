@@ -445,10 +445,11 @@ TEST_F(Cli, ArgumentErrorsExit2AndEndAnMpiJob) {
   EXPECT_NE(r.output.find("(     -  flexcp)"), std::string::npos) << r.output;
   const std::string run =
       std::string(FLEXCP_CLI_PATH) + " run --seqlen 8192 --doc-len 2048 --heads 2 --heads-kv 2";
-  const std::string cmd = std::string(kMpiEnv) +
-                          "timeout 60 mpirun --allow-run-as-root --oversubscribe -x ASAN_OPTIONS "
-                          "-np 1 " +
-                          run + " : -np 2 " + run + " --bogus 2>&1";
+  const std::string cmd =
+      std::string(kMpiEnv) +
+      "timeout -k 5 60 mpirun --allow-run-as-root --oversubscribe -x ASAN_OPTIONS "
+      "-np 1 " +
+      run + " : -np 2 " + run + " --bogus 2>&1";
   for (int i = 0; i < 12; ++i) {
     FILE* pipe = popen(cmd.c_str(), "r");
     std::string out;
@@ -458,7 +459,15 @@ TEST_F(Cli, ArgumentErrorsExit2AndEndAnMpiJob) {
     ASSERT_TRUE(WIFEXITED(status)) << out;
     ASSERT_NE(WEXITSTATUS(status), 124) << "run " << i << " hung:\n" << out;
     ASSERT_NE(WEXITSTATUS(status), 0) << out;
-    EXPECT_NE(out.find("flexcp: error (invalid argument)"), std::string::npos) << out;
+    EXPECT_NE(out.find("flexcp: error (invalid argument): The following argument was not "
+                       "expected: --bogus"),
+              std::string::npos)
+        << out;
+    // The rank with valid arguments was told, and stopped without MPI_Abort.
+    EXPECT_NE(out.find("arguments were invalid (its message says why); every rank stops"),
+              std::string::npos)
+        << out;
+    EXPECT_EQ(out.find("MPI_ABORT"), std::string::npos) << out;
   }
 }
 

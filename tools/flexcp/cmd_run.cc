@@ -8,7 +8,9 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
+#include <cstdlib>
 #include <string>
+#include <vector>
 
 #include "cli_options.h"
 #include "commands.h"
@@ -73,8 +75,24 @@ struct Layer {
 
 void run_ranks(RunArgs a, Communicator& comm_ref);
 
+// Every rank of the job says whether its own arguments parsed: a rank whose arguments did not
+// takes part too (fail_arguments_of_mpi_rank), so that all ranks end together, each with exit
+// code 2 and no MPI_Abort. (A rank that exited before MPI_Init while the others waited in it
+// sometimes left Open MPI's mpirun hung, ignoring SIGTERM.)
+void agree_on_arguments(Communicator& comm, bool mine_ok) {
+  const char ok = mine_ok ? 1 : 0;
+  std::vector<char> all(static_cast<std::size_t>(comm.size()));
+  comm.all_gather(&ok, 1, all.data());
+  for (int r = 0; r < comm.size(); ++r)
+    if (all[static_cast<std::size_t>(r)] == 0)
+      throw Error(Status::kInvalidArgument,
+                  "flexcp run: rank " + std::to_string(r) +
+                      "'s arguments were invalid (its message says why); every rank stops");
+}
+
 void run_main_job(const RunArgs& a) {
   auto comm = make_mpi_communicator();
+  agree_on_arguments(*comm, true);
   try {
     run_ranks(a, *comm);
   } catch (const Error& e) {
@@ -247,6 +265,19 @@ void run_ranks(RunArgs a, Communicator& comm_ref) {
 }
 
 }  // namespace
+
+bool fail_arguments_of_mpi_rank(int argc, const char* const* argv) {
+  // Only `flexcp run` starts MPI; mpirun's ranks carry its size in the environment.
+  const char* size = std::getenv("OMPI_COMM_WORLD_SIZE");
+  if (argc < 2 || std::string(argv[1]) != "run" || size == nullptr || std::atoi(size) < 2)
+    return false;
+  try {
+    auto comm = make_mpi_communicator();
+    agree_on_arguments(*comm, false);
+  } catch (const Error&) {  // expected: this rank's own failure, reported by the caller
+  }
+  return true;
+}
 
 void add_run_command(CLI::App& app) {
   auto args = std::make_shared<RunArgs>();

@@ -14,6 +14,10 @@ void add_mask_command(CLI::App& app);
 void add_run_command(CLI::App& app);
 void add_plan_command(CLI::App& app);
 
+// Called by main on an argument error: when this process is a rank of an mpirun job of `flexcp
+// run`, it tells the other ranks (which then stop with exit code 2 too) and returns true.
+bool fail_arguments_of_mpi_rank(int argc, const char* const* argv);
+
 // --world, --chunk, head sizes and the cost model, shared by `plan` and `mask --world`.
 void add_plan_options(CLI::App& cmd, PlanOptions& options);
 

@@ -5,6 +5,7 @@
 #include <new>
 
 #include "app.h"
+#include "commands.h"
 #include "flexcp/flexcp.h"
 
 int main(int argc, char** argv) {
@@ -18,6 +19,7 @@ int main(int argc, char** argv) {
     // mpirun see one convention.
     std::cerr << "flexcp: error (invalid argument): " << e.what()
               << " (run with --help for the options)\n";
+    flexcp::tools::fail_arguments_of_mpi_rank(argc, argv);
     return 2;
   } catch (const flexcp::Error& e) {
     std::cerr << "flexcp: error (" << flexcp::status_string(e.status()) << "): " << e.what()
