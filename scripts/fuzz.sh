@@ -9,7 +9,9 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 seconds=${1:-20}
 cmake --preset fuzz > /dev/null
-cmake --build build/fuzz --target fuzz_mask_json fuzz_npy fuzz_plan fuzz_cli_args flexcp_cli > /dev/null
+mkdir -p build/fuzz
+cmake --build build/fuzz --target fuzz_mask_json fuzz_npy fuzz_plan fuzz_cli_args flexcp_cli \
+  > build/fuzz/build.log 2>&1 || { grep -E -A12 "FAILED|error" build/fuzz/build.log | head -60; exit 1; }
 echo "cpu-only build (clang, the fuzz preset): ok"
 mkdir -p build/fuzz/crashes
 for target in mask_json npy plan cli_args; do

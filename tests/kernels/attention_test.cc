@@ -6,6 +6,7 @@
 #include <cstring>
 #include <random>
 
+#include "non_finite.h"
 #include "test_util.h"
 
 namespace flexcp {

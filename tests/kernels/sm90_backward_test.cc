@@ -8,6 +8,7 @@
 #include <string>
 
 #include "cuda_test_util.h"
+#include "non_finite.h"
 
 namespace flexcp {
 namespace {
