@@ -8,6 +8,7 @@
 #include <string>
 
 #include "cuda_test_util.h"
+#include "kernels/plan/attention_plan_impl.h"
 #include "non_finite.h"
 
 namespace flexcp {
@@ -145,6 +146,34 @@ TEST(Sm90Backward, KeyGradientsRepeatBitForBit) {
   const DeviceGrads a = run_on_device(c, in, mask), b = run_on_device(c, in, mask);
   EXPECT_EQ(a.dk.bytes, b.dk.bytes);
   EXPECT_EQ(a.dv.bytes, b.dv.bytes);
+}
+
+// Few key tiles for the SMs (causal 1K, 16 q heads on 2 kv heads: 16 items for 132 SMs), so the
+// plan splits items (kernels/worklist/bwd_units.h): their units' dK/dV partials, summed by the
+// last unit in unit order, match the reference and repeat bit for bit, in both modes (which share
+// the units); a long full mask is left whole.
+TEST(Sm90Backward, SplitItemsMatchTheReferenceAndRepeatBitForBit) {
+  SKIP_WITHOUT_GPU();
+  std::mt19937_64 rng(91);
+  const test::KernelCase c{"split", 1024, 1024, 16, 2, 128};
+  const Mask mask = masks::causal(c.tq, c.tk);
+  const AttentionShape shape{c.tq, c.tk, c.hq, c.hk, c.d, c.dtype, Device::kCuda, 0};
+  const BwdUnits& units = AttentionPlan(mask, shape).impl().bwd_units;
+  ASSERT_GT(units.counters, 0) << "the plan split no item";
+  const AttentionShape long_full{32768, 32768, 64, 8, 128, c.dtype, Device::kCuda, 0};
+  EXPECT_EQ(AttentionPlan(masks::full(32768, 32768), long_full).impl().bwd_units.counters, 0);
+
+  check_gradients(c, mask, rng, /*deterministic=*/false);
+  check_gradients(c, mask, rng, /*deterministic=*/true);
+  const Inputs in = make_inputs(c, rng);
+  const DeviceGrads a = run_on_device(c, in, mask), b = run_on_device(c, in, mask);
+  EXPECT_EQ(a.dk.bytes, b.dk.bytes);
+  EXPECT_EQ(a.dv.bytes, b.dv.bytes);
+  Inputs det = in;
+  det.options.deterministic = true;
+  const DeviceGrads d = run_on_device(c, det, mask);
+  EXPECT_EQ(a.dk.bytes, d.dk.bytes);
+  EXPECT_EQ(a.dv.bytes, d.dv.bytes);
 }
 
 // A plan built once for both directions, bound once, runs forward and backward repeatedly with

@@ -2,6 +2,7 @@
 // will run it (kernels/tiles.h), and for device plans the workspace they are copied to once.
 #include "flexcp/attention_plan.h"
 
+#include <stdexcept>
 #include <string>
 
 #include "core/checks.h"
@@ -11,6 +12,7 @@
 #if defined(FLEXCP_WITH_CUDA)
 #include "kernels/cuda/runtime.h"
 #include "kernels/sm90/sm90_forward.h"
+#include "kernels/sm90/sm90_host.h"
 #endif
 
 namespace flexcp {
@@ -35,7 +37,10 @@ void lay_out_plan(AttentionPlan::Impl& m, WorkspaceWriter& writer) {
   if (!m.backward) return;
   m.device_cols = lay_out(m.cols, writer);
   m.device_dq_rows = lay_out(m.dq_rows, writer);
-  m.scratch = sm90::lay_out_bwd_scratch(m.shape, writer);
+  m.device_units = writer.put("backward units", m.bwd_units.units);
+  m.device_split_counters =
+      writer.zeros<int>("backward split counters", static_cast<std::size_t>(m.bwd_units.counters));
+  m.scratch = sm90::lay_out_bwd_scratch(m.shape, m.bwd_units.slots, writer);
 }
 
 void check_shape(const ArgChecker& c, const AttentionShape& s) {
@@ -161,6 +166,20 @@ AttentionPlan make_attention_plan(const std::vector<Band>& work, const Attention
       c.fail("the backward's work list has " + std::to_string(impl->cols.entries.size()) +
              " entries and " + std::to_string(bwd_items) +
              " (key tile, head) items; the CUDA kernel takes at most 2^31 - 1 of each");
+#if defined(FLEXCP_WITH_CUDA)
+    try {
+      impl->bwd_units = plan_bwd_units(
+          impl->cols, {.sms = sm90::planned_multiprocessors(static_cast<int>(shape.device_index)),
+                       .block_rows = tiles::kSm90BwdBlockM,
+                       .heads_kv = shape.heads_kv,
+                       .group = shape.group()});
+    } catch (const std::length_error& e) {
+      c.fail(e.what());
+    }
+    if (impl->bwd_units.units.size() > static_cast<std::size_t>(INT32_MAX))
+      c.fail("the backward has " + std::to_string(impl->bwd_units.units.size()) +
+             " units of work; the CUDA kernel takes at most 2^31 - 1");
+#endif
     impl->dq_rows = build_work_list(bands, tq, tk,
                                     {.order = WorkListOrder::kRowMajor,
                                      .tile_rows = tiles::kSm90BwdDqBlockM,

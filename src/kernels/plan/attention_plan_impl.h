@@ -7,6 +7,7 @@
 #include "flexcp/attention_plan.h"
 #include "kernels/plan/workspace.h"
 #include "kernels/sm90/bwd_scratch.h"
+#include "kernels/worklist/bwd_units.h"
 #include "kernels/worklist/worklist.h"
 
 namespace flexcp {
@@ -22,16 +23,20 @@ struct AttentionPlan::Impl {
   // q-tile-major in the sm90 dQ pass's tiles: the deterministic backward's dQ (sm90 backward
   // plans only).
   WorkList dq_rows;
+  // The sm90 backward's units, cut from `cols` for the device's SMs (sm90 backward plans only).
+  BwdUnits bwd_units;
   bool backward = true;
   int pack = 1;  // sm90: q heads packed into one tile's rows (tiles::sm90_pack)
 
   std::size_t workspace_bytes = 0;
-  std::string workspace_regions;  // for the message of a too-small workspace
-  void* workspace = nullptr;      // bound device memory, or null
-  DeviceWorkList device_rows;     // views of `rows` in the workspace, once bound
-  DeviceWorkList device_cols;     // and of `cols` (backward plans)
-  DeviceWorkList device_dq_rows;  // and of `dq_rows` (sm90 backward plans)
-  sm90::BwdScratch scratch;       // the backward's scratch (backward plans)
+  std::string workspace_regions;          // for the message of a too-small workspace
+  void* workspace = nullptr;              // bound device memory, or null
+  DeviceWorkList device_rows;             // views of `rows` in the workspace, once bound
+  DeviceWorkList device_cols;             // and of `cols` (backward plans)
+  DeviceWorkList device_dq_rows;          // and of `dq_rows` (sm90 backward plans)
+  const BwdUnit* device_units = nullptr;  // `bwd_units` in the workspace, and their counters
+  int* device_split_counters = nullptr;
+  sm90::BwdScratch scratch;  // the backward's scratch (backward plans)
 };
 
 // Builds a plan, naming `fn` in its errors (the public entry that asked for it).

@@ -15,8 +15,10 @@ namespace flexcp::sm90 {
 
 // The backward's named barriers (ids above CUTLASS's reserved ones).
 enum class BwdBarrier : std::uint32_t {
-  kDsReady = 0,   // both consumer groups have written their dS^T of the block to shared memory
-  kDqStaged = 1,  // one group has staged its dQ (ids 1 and 2: one per group)
+  kDsReady = 0,        // both consumer groups have written their dS^T of the block to shared memory
+  kDqStaged = 1,       // one group has staged its dQ (ids 1 and 2: one per group)
+  kPartialStored = 3,  // a split item's unit: both groups have stored their dK/dV partials (and,
+                       // the second time, thread 0 has said whether this unit is the last)
 };
 
 template <class Element_, int kHeadDim_, bool kAccumulateDq_ = true>
@@ -109,6 +111,7 @@ struct BwdConfig {
     typename PipelineQ::SharedStorage pipe_do;
     typename PipelineKV::SharedStorage pipe_kv;
     typename Items::SharedStorage items;
+    int last_unit;  // a split item's unit: whether it finished last (it writes dK and dV)
   };
   static constexpr int kSmemBytes = int(sizeof(SharedStorage)) + 1024;
   static_assert(kSmemBytes <= 227 * 1024, "more shared memory than an sm_90 CTA may have");
@@ -117,6 +120,11 @@ struct BwdConfig {
   static constexpr std::uint32_t kStatsBytes = kBwdStatsLoad * sizeof(float);
   static_assert(kStatsBytes % 16 == 0, "bulk copies move multiples of 16 bytes");
   static constexpr std::uint32_t kKVBytes = kBlockN * kHeadDim * sizeof(Element);
+  // A split item's partials: each consumer thread's dK and dV fragments as float4s, thread-minor
+  // ([kind][vector][thread]): every CTA holds the same fragments in the same threads, so a slot
+  // is stored and read back in coalesced 512-byte rows per warp.
+  static constexpr int kPartialVectors = kHeadDim / 8;  // float4s of one fragment (dK or dV)
+  static_assert(2 * kPartialVectors * 4 * 128 * kConsumers == 2 * kBlockN * kHeadDim);
 };
 
 }  // namespace flexcp::sm90

@@ -33,18 +33,37 @@ namespace flexcp::sm90 {
 
 namespace detail {
 
-struct BwdItem {
-  int tile, kv_head;
+// A unit (kernels/worklist/bwd_units.h) with its tile's entries.
+struct BwdItem : BwdUnit {
   int e_begin, e_end;
 };
 
 __device__ __forceinline__ BwdItem decode_bwd_item(const BwdParams& p, int i) {
   BwdItem it;
-  it.kv_head = i / p.num_tiles;
-  it.tile = p.work.tile_order[i % p.num_tiles];
+  static_cast<BwdUnit&>(it) = p.units[i];
   it.e_begin = int(p.work.tile_offsets[it.tile]);
   it.e_end = int(p.work.tile_offsets[it.tile + 1]);
   return it;
+}
+
+// The unit's q blocks in walk order: the q heads of the group, the tile's entries, each entry's
+// blocks of kBwdBlockM rows from its begin; f(q head, first row, entry) for those in
+// [block_begin, block_end). The producer and the consumers walk alike.
+template <class F>
+__device__ __forceinline__ void walk_unit(const BwdParams& p, const BwdItem& it, F&& f) {
+  int walked = 0;  // blocks before the current entry
+  for (int j = 0; j < p.group; ++j) {
+    const int hq = it.kv_head * p.group + j;
+    for (int e = it.e_begin; e < it.e_end; ++e) {
+      const WorkEntry entry = p.work.entries[e];
+      const int begin = int(entry.begin);
+      const int blocks = (int(entry.end) - begin + kBwdBlockM - 1) / kBwdBlockM;
+      const int lo = max(it.block_begin - walked, 0), hi = min(it.block_end - walked, blocks);
+      for (int b = lo; b < hi; ++b) f(hq, begin + b * kBwdBlockM, entry);
+      walked += blocks;
+      if (walked >= it.block_end) return;
+    }
+  }
 }
 
 }  // namespace detail
@@ -108,31 +127,25 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
       load_tile<Cfg::kPanels, kBlockN>(&p.tma_v, bar_kv, ss.v.data(), it.tile * kBlockN,
                                        it.kv_head);
       ++kv_state;
-      for (int j = 0; j < p.group; ++j) {
-        const int hq = it.kv_head * p.group + j;
-        for (int e = it.e_begin; e < it.e_end; ++e) {
-          const WorkEntry entry = p.work.entries[e];
-          for (int c0 = int(entry.begin); c0 < int(entry.end); c0 += kBlockM) {
-            pipe_q.producer_acquire(q_state);
-            auto* bar_q = pipe_q.producer_get_barrier(q_state);
-            Element* q_dst = ss.q.data() + q_state.index() * kBlockM * kHeadDim;
-            load_tile<Cfg::kPanels, kBlockM>(&p.tma_q, bar_q, q_dst, c0, hq);
-            const std::int64_t stats = hq * p.stats_stride + (c0 & ~3);
-            SM90_BULK_COPY_G2S::copy(p.lse2 + stats, bar_q,
-                                     ss.lse2.data() + q_state.index() * kBwdStatsLoad,
-                                     Cfg::kStatsBytes);
-            ++q_state;
-            pipe_do.producer_acquire(do_state);
-            auto* bar_do = pipe_do.producer_get_barrier(do_state);
-            Element* do_dst = ss.dout.data() + do_state.index() * kBlockM * kHeadDim;
-            load_tile<Cfg::kPanels, kBlockM>(&p.tma_do, bar_do, do_dst, c0, hq);
-            SM90_BULK_COPY_G2S::copy(p.delta + stats, bar_do,
-                                     ss.delta.data() + do_state.index() * kBwdStatsLoad,
-                                     Cfg::kStatsBytes);
-            ++do_state;
-          }
-        }
-      }
+      detail::walk_unit(p, it, [&](int hq, int c0, const WorkEntry&) {
+        pipe_q.producer_acquire(q_state);
+        auto* bar_q = pipe_q.producer_get_barrier(q_state);
+        Element* q_dst = ss.q.data() + q_state.index() * kBlockM * kHeadDim;
+        load_tile<Cfg::kPanels, kBlockM>(&p.tma_q, bar_q, q_dst, c0, hq);
+        const std::int64_t stats = hq * p.stats_stride + (c0 & ~3);
+        SM90_BULK_COPY_G2S::copy(p.lse2 + stats, bar_q,
+                                 ss.lse2.data() + q_state.index() * kBwdStatsLoad,
+                                 Cfg::kStatsBytes);
+        ++q_state;
+        pipe_do.producer_acquire(do_state);
+        auto* bar_do = pipe_do.producer_get_barrier(do_state);
+        Element* do_dst = ss.dout.data() + do_state.index() * kBlockM * kHeadDim;
+        load_tile<Cfg::kPanels, kBlockM>(&p.tma_do, bar_do, do_dst, c0, hq);
+        SM90_BULK_COPY_G2S::copy(p.delta + stats, bar_do,
+                                 ss.delta.data() + do_state.index() * kBwdStatsLoad,
+                                 Cfg::kStatsBytes);
+        ++do_state;
+      });
     }
     return;
   }
@@ -330,7 +343,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
   };
 
   // dK (scaled) and dV of the item's keys, from registers; rows past the keys are not written.
-  auto epilogue = [&](const detail::BwdItem& it) {
+  auto epilogue = [&](const BwdUnit& it) {
     using Pair = cutlass::Array<Element, 2>;
     CUTLASS_PRAGMA_UNROLL
     for (int h = 0; h < 2; ++h) {
@@ -353,27 +366,67 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
     }
   };
 
+  // A unit of a split item stores its dK and dV partials (unscaled) and counts itself in; the last
+  // to arrive sums every unit's partials in unit order into its accumulators (the same bits
+  // whichever unit finishes last) and returns true: it writes the item's dK and dV.
+  auto sum_partials = [&](const BwdUnit& it) {
+    constexpr int kVectors = Cfg::kPartialVectors;
+    constexpr std::int64_t kSlot = 2 * kVectors * 4 * kConsumerThreads;
+    auto at = [&](int slot, int kind, int v) {
+      return reinterpret_cast<float4*>(p.partials + slot * kSlot +
+                                       ((kind * kVectors + v) * kConsumerThreads + ctid) * 4);
+    };
+    auto vec = [](auto const& frag, int v) {
+      return make_float4(frag(4 * v), frag(4 * v + 1), frag(4 * v + 2), frag(4 * v + 3));
+    };
+    auto add = [](auto& frag, int v, float4 x) {
+      frag(4 * v) += x.x, frag(4 * v + 1) += x.y, frag(4 * v + 2) += x.z, frag(4 * v + 3) += x.w;
+    };
+    CUTLASS_PRAGMA_UNROLL
+    for (int v = 0; v < kVectors; ++v) {
+      __stcg(at(it.slot + it.split, 0, v), vec(tdKrdK, v));
+      __stcg(at(it.slot + it.split, 1, v), vec(tdVrdV, v));
+    }
+    __threadfence();  // the partials, visible on every SM before the unit counts itself in
+    const auto stored = static_cast<std::uint32_t>(BwdBarrier::kPartialStored);
+    cutlass::arch::NamedBarrier::sync(kConsumerThreads, stored);
+    if (ctid == 0) {
+      const bool last = atomicAdd(p.split_counters + it.counter, 1) == it.splits - 1;
+      if (last)
+        p.split_counters[it.counter] = 0;  // every unit has counted: ready for the next launch
+      ss.last_unit = last;
+    }
+    cutlass::arch::NamedBarrier::sync(kConsumerThreads, stored);
+    if (!ss.last_unit) return false;
+    __threadfence();  // the other units' partials are read after their counts
+    clear(tdKrdK);
+    clear(tdVrdV);
+    for (int s = 0; s < it.splits; ++s) {
+      CUTLASS_PRAGMA_UNROLL
+      for (int v = 0; v < kVectors; ++v) {
+        add(tdKrdK, v, __ldcg(at(it.slot + s, 0, v)));
+        add(tdVrdV, v, __ldcg(at(it.slot + s, 1, v)));
+      }
+    }
+    return true;
+  };
+
   for (;;) {
     const int i = Cfg::Items::take(pipe_item, item_state, ss.items);
     if (i >= p.items) break;
-    const detail::BwdItem it = detail::decode_bwd_item(p, i);
     clear(tdKrdK);
     clear(tdVrdV);
-    if (it.e_begin != it.e_end) {
+    if (const detail::BwdItem it = detail::decode_bwd_item(p, i); it.e_begin != it.e_end) {
       const int key0 = it.tile * kBlockN;
       pipe_kv.consumer_wait(kv_state);
-      for (int j = 0; j < p.group; ++j) {
-        const int hq = it.kv_head * p.group + j;
-        for (int e = it.e_begin; e < it.e_end; ++e) {
-          const WorkEntry entry = p.work.entries[e];
-          for (int c0 = int(entry.begin); c0 < int(entry.end); c0 += kBlockM)
-            block(hq, c0, entry, key0);
-        }
-      }
+      detail::walk_unit(
+          p, it, [&](int hq, int c0, const WorkEntry& entry) { block(hq, c0, entry, key0); });
       pipe_kv.consumer_release(kv_state);
       ++kv_state;
     }
-    epilogue(it);
+    // Read again rather than kept across the walk, where its fields would take registers.
+    const BwdUnit unit = p.units[i];
+    if (unit.splits == 1 || sum_partials(unit)) epilogue(unit);
   }
   if constexpr (Cfg::kAccumulateDq) {
     if (group_leader) tma_store_wait<0>();  // the staging tiles stay until the last reduction

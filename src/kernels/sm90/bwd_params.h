@@ -9,12 +9,13 @@
 #include "kernels/plan/workspace.h"
 #include "kernels/sm90/bwd_scratch.h"
 #include "kernels/tiles.h"
+#include "kernels/worklist/bwd_units.h"
 
 namespace flexcp::sm90 {
 
 // One CTA owns kBwdBlockN keys of one kv head (two consumer warp groups of 64 keys each) and
 // walks the q blocks of kBwdBlockM rows its column-major work list names, for every q head of the
-// group.
+// group, or the part of that walk its unit names (kernels/worklist/bwd_units.h).
 inline constexpr int kBwdBlockM = tiles::kSm90BwdBlockM;
 inline constexpr int kBwdBlockN = tiles::kSm90BwdBlockN;
 inline constexpr int kBwdStatsLoad = kBwdStatsSpan;
@@ -38,7 +39,8 @@ struct BwdParams {
   const float* delta = nullptr;
   std::int64_t stats_stride = 0;
 
-  // dK and dV, [Tk, Hk, D] with a unit stride along D, written once per (key tile, kv head).
+  // dK and dV, [Tk, Hk, D] with a unit stride along D, written once per (key tile, kv head): by
+  // its unit, or by the last of its units to finish, from their partials summed in unit order.
   void* dk = nullptr;
   void* dv = nullptr;
   std::int64_t dk_stride_t = 0, dk_stride_h = 0;
@@ -46,13 +48,18 @@ struct BwdParams {
   // The plan's column-major work list (tiles of kBwdBlockN keys, intervals of q rows) in its
   // workspace, with the scheduler's counters (as in the forward).
   DeviceWorkList work;
+  // Its units, in the order the scheduler hands them out. A split item's units each store their
+  // fp32 dK and dV in their slot of `partials` (bwd_scratch.h) and count themselves in the item's
+  // `split_counters` entry (zero between launches: the last one resets it).
+  const BwdUnit* units = nullptr;
+  float* partials = nullptr;
+  int* split_counters = nullptr;
 
-  int num_tiles = 0;
   int seqlen_q = 0;
   int seqlen_k = 0;
   int heads_q = 0;
   int group = 1;  // q heads per kv head
-  int items = 0;  // num_tiles * heads_kv
+  int items = 0;  // units
 
   // P = 2^(s * log2(e) - lse2): without softcap s * log2(e) = q.k * scale_log2; with softcap,
   // s = softcap * tanh(q.k * scale / softcap), t = tanh from 2^(q.k * softcap_scale), and the

@@ -1,5 +1,6 @@
 // The sm90 backward's scratch in a plan's workspace, after the work lists: the per-row statistics
-// the preprocessing kernel writes, the fp32 dQ accumulator, and the sink gradient's partial sums.
+// the preprocessing kernel writes, the fp32 dQ accumulator, the sink gradient's partial sums, and
+// the dK/dV partials of split items (kernels/worklist/bwd_units.h).
 // Plain C++ (the plan lays it out in builds without CUDA too).
 #pragma once
 
@@ -33,9 +34,18 @@ struct BwdScratch {
   // in a fixed order by the postprocessing (so that dsink is deterministic).
   float* dsink_partial = nullptr;
   std::int64_t stats_blocks = 0;
+  // [slots][2 x kSm90BwdBlockN x D] fp32: per unit of a split item, its dK and dV (see the kernel
+  // for the order within a slot); null when no item is split.
+  float* partials = nullptr;
 };
 
-inline BwdScratch lay_out_bwd_scratch(const AttentionShape& s, WorkspaceWriter& writer) {
+// fp32 values in one partial slot: dK and dV of one key tile.
+inline std::int64_t bwd_partial_slot_floats(std::int64_t head_dim) {
+  return 2 * tiles::kSm90BwdBlockN * head_dim;
+}
+
+inline BwdScratch lay_out_bwd_scratch(const AttentionShape& s, std::int64_t partial_slots,
+                                      WorkspaceWriter& writer) {
   BwdScratch b;
   b.stats_stride = (s.seqlen_q + 3) / 4 * 4 + kBwdStatsPad;
   b.stats_blocks = (s.seqlen_q + tiles::kSm90BwdBlockM - 1) / tiles::kSm90BwdBlockM;
@@ -46,6 +56,10 @@ inline BwdScratch lay_out_bwd_scratch(const AttentionShape& s, WorkspaceWriter& 
                                      static_cast<std::size_t>(s.seqlen_q * s.heads_q * s.head_dim));
   b.dsink_partial = writer.scratch<float>("backward dsink partials",
                                           static_cast<std::size_t>(s.heads_q * b.stats_blocks));
+  if (partial_slots > 0)
+    b.partials = writer.scratch<float>(
+        "backward dK/dV partials",
+        static_cast<std::size_t>(partial_slots * bwd_partial_slot_floats(s.head_dim)));
   return b;
 }
 

@@ -117,9 +117,8 @@ void backward(const CallShape& s, const AttentionPlan::Impl& plan, const TensorV
   rs.lse = static_cast<const float*>(lse.data);
   rs.lse_stride_t = lse.strides[0];
   rs.lse_stride_h = lse.strides[1];
-  const WorkList& list = plan.cols;
-  // Fits in 32 bits: the plan checked the item count when it was built.
-  const int items = static_cast<int>(list.num_tiles() * s.heads_kv);
+  // Fits in 32 bits: the plan checked the unit count when it was built.
+  const int items = static_cast<int>(plan.bwd_units.units.size());
   // The deterministic mode writes dq in its own pass: no accumulator to zero or convert. (Without
   // keys there is nothing to sum, and the postprocessing writes the zeros.)
   const bool dq_pass = options.deterministic && items > 0;
@@ -139,7 +138,6 @@ void backward(const CallShape& s, const AttentionPlan::Impl& plan, const TensorV
   cuda::check(launch_bwd_preprocess(rs, bf16, stream), kFn, "launching the row statistics");
 
   BwdParams p{};
-  p.num_tiles = static_cast<int>(list.num_tiles());
   p.items = items;
   if (p.items > 0) {
     if (s.seqlen_q > 0) {
@@ -161,6 +159,9 @@ void backward(const CallShape& s, const AttentionPlan::Impl& plan, const TensorV
     p.delta = scratch.delta;
     p.stats_stride = scratch.stats_stride;
     p.work = plan.device_cols;
+    p.units = plan.device_units;
+    p.partials = scratch.partials;
+    p.split_counters = plan.device_split_counters;
     p.seqlen_q = static_cast<int>(s.seqlen_q);
     p.seqlen_k = static_cast<int>(s.seqlen_k);
     p.heads_q = static_cast<int>(s.heads_q);

@@ -107,4 +107,14 @@ int check_device(const std::string& fn, int device_index) {
   return sms;
 }
 
+int planned_multiprocessors(int device_index) {
+  constexpr int kHopperSms = 132;
+  int sms = 0;
+  if (cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device_index) != cudaSuccess) {
+    cudaGetLastError();  // not sticky: clear it for the caller's next check
+    return kHopperSms;
+  }
+  return sms > 0 ? sms : kHopperSms;
+}
+
 }  // namespace flexcp::sm90

@@ -25,5 +25,9 @@ CUtensorMap accumulator_map(const std::string& fn, const char* name, float* data
 void check_layout(const std::string& fn, const char* name, const TensorView& t);
 // The device is an sm_90 one (what the kernels are built for); returns its multiprocessor count.
 int check_device(const std::string& fn, int device_index);
+// The multiprocessor count the backward's units are planned for: the device's, or 132 (an H100's
+// and an H200's) where it cannot be read (a plan built where no GPU is visible; it runs nowhere
+// until its workspace is bound on one).
+int planned_multiprocessors(int device_index);
 
 }  // namespace flexcp::sm90

@@ -1,0 +1,59 @@
+// The sm90 backward's units of work, cut from its column-major work list: where an item (key
+// tile, kv head) would hold the GPU up, because the items are fewer than the SMs (short sequences)
+// or one of them outweighs an SM's share (the first key tiles of a causal mask), it is split into
+// units that walk consecutive parts of its q blocks. Each unit of a split item stores its fp32 dK
+// and dV partials; the last to finish sums them in unit order (so the result does not depend on
+// which one finished last) and writes dK and dV. Plain C++: the plan builds the units on the host
+// and copies them to its workspace; the kernel reads BwdUnit.
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+#include "kernels/worklist/worklist.h"
+
+namespace flexcp {
+
+// One unit: the q blocks [block_begin, block_end) of its item's walk, which takes the q heads of
+// the kv head's group in order, then the tile's entries, then each entry's blocks of `block_rows`
+// rows from its begin.
+struct BwdUnit {
+  std::int32_t tile = 0;
+  std::int32_t kv_head = 0;
+  std::int32_t block_begin = 0;
+  std::int32_t block_end = 0;
+  std::int32_t splits = 1;   // units of this unit's item (1: it writes dK and dV itself)
+  std::int32_t split = 0;    // which of them (the partial slot after `slot`)
+  std::int32_t slot = 0;     // the item's first partial slot (split items only)
+  std::int32_t counter = 0;  // the item's arrival counter (split items only)
+};
+
+struct BwdUnits {
+  std::vector<BwdUnit> units;  // in the order the kernel's scheduler hands them out
+  std::int64_t slots = 0;      // partial slots: fp32 dK and dV of one key tile each
+  std::int64_t counters = 0;   // split items, one arrival counter each
+  // The scheduler's makespan in q blocks (one block of one head against one key tile), as
+  // simulated on the SMs for the chosen units and for the unsplit items in their first order.
+  double predicted = 0;
+  double predicted_unsplit = 0;
+};
+
+struct BwdUnitOptions {
+  int sms = 132;        // persistent CTAs (one per SM)
+  int block_rows = 64;  // q rows per block of the kernel
+  std::int64_t heads_kv = 1;
+  std::int64_t group = 1;  // q heads per kv head
+};
+
+// Blocks of one item's walk: group x the tile's blocks (an entry of n rows has ceil(n /
+// block_rows)).
+std::int64_t bwd_item_blocks(const WorkList& cols, std::int64_t tile, const BwdUnitOptions& o);
+
+// The units for `cols` (tiles of keys, intervals of q rows): the items as they are, kv head by kv
+// head and busiest tile first (each kv head's Q and dO stay in L2 while its tiles run), unless a
+// split, or the busiest-first order across kv heads, is predicted to finish sooner by more than the
+// split's own cost (its partials' traffic, counted in the simulation). Throws std::length_error if
+// one item has 2^31 blocks or more.
+BwdUnits plan_bwd_units(const WorkList& cols, const BwdUnitOptions& o);
+
+}  // namespace flexcp

@@ -1,0 +1,129 @@
+// The sm90 backward's units: every q block of every (key tile, kv head) item walked by exactly one
+// unit, the units of a split item consecutive and in order, partial slots and counters distinct;
+// items split where the simulation says the GPU would wait on one of them, and left whole where it
+// would not.
+#include "kernels/worklist/bwd_units.h"
+
+#include <gtest/gtest.h>
+
+#include <map>
+#include <random>
+#include <set>
+#include <stdexcept>
+#include <utility>
+
+#include "kernels/tiles.h"
+#include "test_util.h"
+
+namespace flexcp {
+namespace {
+
+WorkList key_tiles(const Mask& mask) {
+  return build_work_list(mask_bands(mask), mask.seqlen_q(), mask.seqlen_k(),
+                         {.order = WorkListOrder::kColumnMajor,
+                          .tile_rows = tiles::kSm90BwdBlockN,
+                          .block_cols = tiles::kSm90BwdBlockM});
+}
+
+BwdUnitOptions options(int sms, std::int64_t heads_kv, std::int64_t group) {
+  return {.sms = sms, .block_rows = tiles::kSm90BwdBlockM, .heads_kv = heads_kv, .group = group};
+}
+
+void check_units(const WorkList& cols, const BwdUnitOptions& o, const BwdUnits& u) {
+  std::map<std::pair<int, int>, std::vector<const BwdUnit*>> by_item;
+  for (const BwdUnit& unit : u.units) by_item[{unit.tile, unit.kv_head}].push_back(&unit);
+  ASSERT_EQ(static_cast<std::int64_t>(by_item.size()), cols.num_tiles() * o.heads_kv);
+  std::set<std::int64_t> slots, counters;
+  std::int64_t split_items = 0;
+  for (const auto& [item, units] : by_item) {
+    const std::int64_t blocks = bwd_item_blocks(cols, item.first, o);
+    const int splits = units.front()->splits;
+    ASSERT_EQ(static_cast<int>(units.size()), splits) << "tile " << item.first;
+    std::int64_t next = 0;
+    for (int s = 0; s < splits; ++s) {
+      const BwdUnit& unit = *units[s];
+      // Consecutive in the order, in split order, covering the walk once.
+      EXPECT_EQ(&unit, units.front() + s);
+      EXPECT_EQ(unit.split, s);
+      EXPECT_EQ(unit.splits, splits);
+      EXPECT_EQ(unit.block_begin, next);
+      EXPECT_LE(unit.block_begin, unit.block_end);
+      if (splits > 1) {
+        EXPECT_LT(unit.block_begin, unit.block_end) << "an empty unit of a split item";
+        EXPECT_EQ(unit.slot, units.front()->slot);
+        EXPECT_EQ(unit.counter, units.front()->counter);
+        EXPECT_TRUE(slots.insert(unit.slot + s).second) << "slot used twice";
+      }
+      next = unit.block_end;
+    }
+    EXPECT_EQ(next, blocks) << "tile " << item.first << " kv head " << item.second;
+    if (splits > 1) {
+      ++split_items;
+      EXPECT_TRUE(counters.insert(units.front()->counter).second) << "counter used twice";
+    }
+  }
+  EXPECT_EQ(static_cast<std::int64_t>(slots.size()), u.slots);
+  EXPECT_EQ(split_items, u.counters);
+  if (!slots.empty()) {
+    EXPECT_EQ(*slots.rbegin(), u.slots - 1);
+  }
+  EXPECT_LE(u.predicted, u.predicted_unsplit);
+}
+
+TEST(BwdUnits, EveryBlockOnceOnRandomMasksAndGpuSizes) {
+  std::mt19937_64 rng(31);
+  for (int iter = 0; iter < 60; ++iter) {
+    const std::int64_t t = 1 + static_cast<std::int64_t>(rng() % 3000);
+    const Mask mask = test::random_mask(rng, t, t);
+    const WorkList cols = key_tiles(mask);
+    for (const int sms : {1, 7, 132, 1000})
+      for (const auto& [hk, group] : {std::pair{1, 1}, {2, 4}, {8, 8}}) {
+        SCOPED_TRACE("t=" + std::to_string(t) + " sms=" + std::to_string(sms) +
+                     " hk=" + std::to_string(hk) + " group=" + std::to_string(group));
+        const BwdUnitOptions o = options(sms, hk, group);
+        check_units(cols, o, plan_bwd_units(cols, o));
+      }
+  }
+}
+
+// Causal 1K with GQA 64:8: 64 items for 132 SMs, the heaviest 8x the average share. Split, and
+// predicted at least 1.5x sooner.
+TEST(BwdUnits, ShortCausalIsSplit) {
+  const WorkList cols = key_tiles(masks::causal(1024, 1024));
+  const BwdUnitOptions o = options(132, 8, 8);
+  const BwdUnits u = plan_bwd_units(cols, o);
+  check_units(cols, o, u);
+  EXPECT_GT(u.counters, 0);
+  EXPECT_GT(static_cast<std::int64_t>(u.units.size()), 132);
+  EXPECT_LT(u.predicted * 1.5, u.predicted_unsplit);
+}
+
+// Full attention at 32K: 2048 equal items on 132 SMs, nothing to gain: the items as they are,
+// kv head by kv head and busiest tile first.
+TEST(BwdUnits, LongFullIsLeftWhole) {
+  const WorkList cols = key_tiles(masks::full(32768, 32768));
+  const BwdUnitOptions o = options(132, 8, 8);
+  const BwdUnits u = plan_bwd_units(cols, o);
+  check_units(cols, o, u);
+  EXPECT_EQ(u.counters, 0);
+  EXPECT_EQ(u.slots, 0);
+  ASSERT_EQ(static_cast<std::int64_t>(u.units.size()), 8 * cols.num_tiles());
+  for (std::size_t i = 0; i < u.units.size(); ++i) {
+    EXPECT_EQ(u.units[i].kv_head, static_cast<int>(i / cols.tile_order.size()));
+    EXPECT_EQ(u.units[i].tile, cols.tile_order[i % cols.tile_order.size()]);
+  }
+  EXPECT_EQ(u.predicted, u.predicted_unsplit);
+}
+
+// One item of 2^31 blocks: the kernel's 32-bit block indices cannot walk it.
+TEST(BwdUnits, AnItemTooLongForTheKernelIsAnError) {
+  WorkList cols;
+  cols.tile_offsets = {0, 1};
+  cols.entries = {{0, std::int64_t{1} << 37, 0, EntryMask::kNone}};
+  cols.tile_area = {1};
+  cols.tile_order = {0};
+  EXPECT_THROW(plan_bwd_units(cols, options(132, 1, 1)), std::length_error);
+}
+
+}  // namespace
+}  // namespace flexcp
