@@ -101,12 +101,13 @@ void check_case(const Case& c, const Mask& mask, std::mt19937_64& rng) {
   EXPECT_LE(test::max_abs_diff(test::as_fp64(dv), ref_dv),
             2 * test::max_abs_diff(naive_dv, ref_dv) + atol_for(c.dtype));
   if (c.sink) {
+    // dsink as one tensor over the heads, like every other output (DESIGN §6; the Python tests do
+    // the same): compared head by head, each head's error is one sample of rounding noise set
+    // against another of the same size, which fails the 2x rule for up to 30% of heads (the ratio
+    // of two such samples); the GPU split test's deterministic run did, on one head.
     const Tensor naive = test::naive_dsink(in.dout.view, naive_out, naive_lse, in.sink.view);
-    for (std::int64_t h = 0; h < c.hq; ++h) {
-      EXPECT_LE(std::abs(dsink.get(h) - ref_dsink.get(h)),
-                2 * std::abs(naive.get(h) - ref_dsink.get(h)) + 1e-4)
-          << "head " << h;
-    }
+    EXPECT_LE(test::max_abs_diff(test::as_fp64(dsink), ref_dsink),
+              2 * test::max_abs_diff(naive, ref_dsink) + 1e-4);
   }
 
   Tensor dq2(c.dtype, {c.tq, c.hq, c.d}), dk2(c.dtype, {c.tk, c.hk, c.d}),

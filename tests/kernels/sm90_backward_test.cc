@@ -90,11 +90,13 @@ void check_gradients(const test::KernelCase& c, const Mask& mask, std::mt19937_6
   if (c.sink) {
     Tensor naive_out, naive_lse;
     test::naive_forward(in.q.view, in.k.view, in.v.view, mask, o, c.dtype, naive_out, naive_lse);
+    // dsink as one tensor over the heads, like every other output (DESIGN §6; the Python tests do
+    // the same): compared head by head, each head's error is one sample of rounding noise set
+    // against another of the same size, which fails the 2x rule for up to 30% of heads (the ratio
+    // of two such samples); the GPU split test's deterministic run did, on one head.
     const Tensor naive = test::naive_dsink(in.dout.view, naive_out, naive_lse, in.sink.view);
-    for (std::int64_t h = 0; h < c.hq; ++h)
-      EXPECT_LE(std::abs(g.dsink.get(h) - ref_dsink.get(h)),
-                2 * std::abs(naive.get(h) - ref_dsink.get(h)) + 1e-3)
-          << "head " << h;
+    EXPECT_LE(test::max_abs_diff(test::as_fp64(g.dsink), ref_dsink),
+              2 * test::max_abs_diff(naive, ref_dsink) + 1e-3);
   }
 }
 
