@@ -70,6 +70,19 @@ void check_units(const WorkList& cols, const BwdUnitOptions& o, const BwdUnits& 
   EXPECT_LE(u.predicted, u.predicted_unsplit);
 }
 
+// The units for GQA 64:8 on 132 SMs (an H200), checked as above.
+struct Planned {
+  WorkList cols;
+  BwdUnits u;
+};
+Planned planned_on_h200(const Mask& mask) {
+  Planned p{key_tiles(mask), {}};
+  const BwdUnitOptions o = options(132, 8, 8);
+  p.u = plan_bwd_units(p.cols, o);
+  check_units(p.cols, o, p.u);
+  return p;
+}
+
 TEST(BwdUnits, EveryBlockOnceOnRandomMasksAndGpuSizes) {
   std::mt19937_64 rng(31);
   for (int iter = 0; iter < 60; ++iter) {
@@ -89,10 +102,7 @@ TEST(BwdUnits, EveryBlockOnceOnRandomMasksAndGpuSizes) {
 // Causal 1K with GQA 64:8: 64 items for 132 SMs, the heaviest 8x the average share. Split, and
 // predicted at least 1.5x sooner.
 TEST(BwdUnits, ShortCausalIsSplit) {
-  const WorkList cols = key_tiles(masks::causal(1024, 1024));
-  const BwdUnitOptions o = options(132, 8, 8);
-  const BwdUnits u = plan_bwd_units(cols, o);
-  check_units(cols, o, u);
+  const auto [cols, u] = planned_on_h200(masks::causal(1024, 1024));
   EXPECT_GT(u.counters, 0);
   EXPECT_GT(static_cast<std::int64_t>(u.units.size()), 132);
   EXPECT_LT(u.predicted * 1.5, u.predicted_unsplit);
@@ -101,10 +111,7 @@ TEST(BwdUnits, ShortCausalIsSplit) {
 // Full attention at 32K: 2048 equal items on 132 SMs, nothing to gain: the items as they are,
 // kv head by kv head and busiest tile first.
 TEST(BwdUnits, LongFullIsLeftWhole) {
-  const WorkList cols = key_tiles(masks::full(32768, 32768));
-  const BwdUnitOptions o = options(132, 8, 8);
-  const BwdUnits u = plan_bwd_units(cols, o);
-  check_units(cols, o, u);
+  const auto [cols, u] = planned_on_h200(masks::full(32768, 32768));
   EXPECT_EQ(u.counters, 0);
   EXPECT_EQ(u.slots, 0);
   ASSERT_EQ(static_cast<std::int64_t>(u.units.size()), 8 * cols.num_tiles());
