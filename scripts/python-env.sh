@@ -9,6 +9,9 @@
 #                                         the first one (it never builds)
 set -euo pipefail
 cd "$(dirname "$0")/.."
+# torch's CUDA wheels are large (the cuBLAS one alone 400 MB): a dropped connection resumes where
+# it stopped instead of failing the install (a CI run failed so; pip >= 25.1, upgraded first).
+pip_get=(-q --retries 10 --resume-retries 20)
 if [[ ${1:-} == --oldest-torch ]]; then
   oldest=2.4.1
   venv=.venv-torch2.4
@@ -16,8 +19,9 @@ if [[ ${1:-} == --oldest-torch ]]; then
   if [[ $("$venv/bin/python" -c "import torch, numpy, pytest; print(torch.__version__)" \
     2>/dev/null) != "$oldest"* ]]; then
     echo "flexcp: installing torch $oldest, numpy, pytest into $venv" >&2
+    "$venv/bin/python" -m pip install -q --upgrade pip >&2
     # torch 2.4 predates numpy 2.
-    "$venv/bin/python" -m pip install -q "torch==$oldest" "numpy<2" pytest >&2
+    "$venv/bin/python" -m pip install "${pip_get[@]}" "torch==$oldest" "numpy<2" pytest >&2
   fi
   echo "$PWD/$venv/bin/python"
   exit 0
@@ -30,7 +34,7 @@ if ! .venv/bin/python -c "import torch, numpy, pytest, nanobind, scikit_build_co
   echo "flexcp: installing torch, numpy, pytest, nanobind, scikit-build-core, transformers" \
     "into .venv" >&2
   .venv/bin/python -m pip install -q --upgrade pip >&2
-  .venv/bin/python -m pip install -q torch numpy pytest nanobind "scikit-build-core>=0.10" \
-    transformers >&2
+  .venv/bin/python -m pip install "${pip_get[@]}" torch numpy pytest nanobind \
+    "scikit-build-core>=0.10" transformers >&2
 fi
 echo "$PWD/.venv/bin/python"
