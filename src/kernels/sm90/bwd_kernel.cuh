@@ -9,9 +9,9 @@
 //   dQ = dS K                                (wgmma from shared memory: both groups' dS, each
 //                                             group half of the head dimension)
 // stages its half of dQ in shared memory, from where one thread of the group adds it to the fp32
-// accumulator with TMA reductions. dK and dV are written once, at the end of the item. The
-// preprocessing (delta, lse2) and postprocessing (dQ in the input dtype, the sink's gradient) are
-// in bwd_rowstats.cu.
+// accumulator with TMA reductions. dK and dV are written once, at the end of the item
+// (bwd_epilogue.cuh, with the partials of split items). The preprocessing (delta, lse2) and
+// postprocessing (dQ in the input dtype, the sink's gradient) are in bwd_rowstats.cu.
 #pragma once
 
 #include <cutlass/arch/barrier.h>
@@ -24,6 +24,7 @@
 #include "kernels/lse_merge.h"
 #include "kernels/sm90/bwd_common.cuh"
 #include "kernels/sm90/bwd_config.cuh"
+#include "kernels/sm90/bwd_epilogue.cuh"
 #include "kernels/sm90/bwd_params.h"
 #include "kernels/sm90/kernel_common.cuh"
 #include "kernels/sm90/tile_scheduler.cuh"
@@ -342,75 +343,6 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
     ds_stage ^= 1;
   };
 
-  // dK (scaled) and dV of the item's keys, from registers; rows past the keys are not written.
-  auto epilogue = [&](const BwdUnit& it) {
-    using Pair = cutlass::Array<Element, 2>;
-    CUTLASS_PRAGMA_UNROLL
-    for (int h = 0; h < 2; ++h) {
-      const int key = it.tile * kBlockN + 64 * half + row_in_group + 8 * h;
-      if (key >= p.seqlen_k) continue;
-      Element* dk = static_cast<Element*>(p.dk) + std::int64_t(key) * p.dk_stride_t +
-                    std::int64_t(it.kv_head) * p.dk_stride_h + col_base;
-      Element* dv = static_cast<Element*>(p.dv) + std::int64_t(key) * p.dv_stride_t +
-                    std::int64_t(it.kv_head) * p.dv_stride_h + col_base;
-      CUTLASS_PRAGMA_UNROLL
-      for (int j = 0; j < kHeadDim / 8; ++j) {
-        Pair k2, v2;
-        k2[0] = Element(tdKrdK(2 * h + 4 * j) * p.scale);
-        k2[1] = Element(tdKrdK(1 + 2 * h + 4 * j) * p.scale);
-        v2[0] = Element(tdVrdV(2 * h + 4 * j));
-        v2[1] = Element(tdVrdV(1 + 2 * h + 4 * j));
-        *reinterpret_cast<Pair*>(dk + 8 * j) = k2;
-        *reinterpret_cast<Pair*>(dv + 8 * j) = v2;
-      }
-    }
-  };
-
-  // A unit of a split item stores its dK and dV partials (unscaled) and counts itself in; the last
-  // to arrive sums every unit's partials in unit order into its accumulators (the same bits
-  // whichever unit finishes last) and returns true: it writes the item's dK and dV.
-  auto sum_partials = [&](const BwdUnit& it) {
-    constexpr int kVectors = Cfg::kPartialVectors;
-    constexpr std::int64_t kSlot = 2 * kVectors * 4 * kConsumerThreads;
-    auto at = [&](int slot, int kind, int v) {
-      return reinterpret_cast<float4*>(p.partials + slot * kSlot +
-                                       ((kind * kVectors + v) * kConsumerThreads + ctid) * 4);
-    };
-    auto vec = [](auto const& frag, int v) {
-      return make_float4(frag(4 * v), frag(4 * v + 1), frag(4 * v + 2), frag(4 * v + 3));
-    };
-    auto add = [](auto& frag, int v, float4 x) {
-      frag(4 * v) += x.x, frag(4 * v + 1) += x.y, frag(4 * v + 2) += x.z, frag(4 * v + 3) += x.w;
-    };
-    CUTLASS_PRAGMA_UNROLL
-    for (int v = 0; v < kVectors; ++v) {
-      __stcg(at(it.slot + it.split, 0, v), vec(tdKrdK, v));
-      __stcg(at(it.slot + it.split, 1, v), vec(tdVrdV, v));
-    }
-    __threadfence();  // the partials, visible on every SM before the unit counts itself in
-    const auto stored = static_cast<std::uint32_t>(BwdBarrier::kPartialStored);
-    cutlass::arch::NamedBarrier::sync(kConsumerThreads, stored);
-    if (ctid == 0) {
-      const bool last = atomicAdd(p.split_counters + it.counter, 1) == it.splits - 1;
-      if (last)
-        p.split_counters[it.counter] = 0;  // every unit has counted: ready for the next launch
-      ss.last_unit = last;
-    }
-    cutlass::arch::NamedBarrier::sync(kConsumerThreads, stored);
-    if (!ss.last_unit) return false;
-    __threadfence();  // the other units' partials are read after their counts
-    clear(tdKrdK);
-    clear(tdVrdV);
-    for (int s = 0; s < it.splits; ++s) {
-      CUTLASS_PRAGMA_UNROLL
-      for (int v = 0; v < kVectors; ++v) {
-        add(tdKrdK, v, __ldcg(at(it.slot + s, 0, v)));
-        add(tdVrdV, v, __ldcg(at(it.slot + s, 1, v)));
-      }
-    }
-    return true;
-  };
-
   for (;;) {
     const int i = Cfg::Items::take(pipe_item, item_state, ss.items);
     if (i >= p.items) break;
@@ -426,7 +358,9 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
     }
     // Read again rather than kept across the walk, where its fields would take registers.
     const BwdUnit unit = p.units[i];
-    if (unit.splits == 1 || sum_partials(unit)) epilogue(unit);
+    if (unit.splits == 1 ||
+        detail::sum_split_partials<Cfg>(p, unit, tdKrdK, tdVrdV, ctid, ss.last_unit))
+      detail::write_dk_dv<Cfg>(p, unit, tdKrdK, tdVrdV, half);
   }
   if constexpr (Cfg::kAccumulateDq) {
     if (group_leader) tma_store_wait<0>();  // the staging tiles stay until the last reduction
