@@ -26,6 +26,7 @@
 #include "kernels/sm90/bwd_config.cuh"
 #include "kernels/sm90/bwd_epilogue.cuh"
 #include "kernels/sm90/bwd_params.h"
+#include "kernels/sm90/bwd_softmax.cuh"
 #include "kernels/sm90/kernel_common.cuh"
 #include "kernels/sm90/tile_scheduler.cuh"
 #include "kernels/worklist/worklist.h"
@@ -237,50 +238,14 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
     warpgroup_wait<1>();
     warpgroup_fence_operand(tSrS);
 
-    // Softcap (t kept implicitly: recomputed from P for the gradient), mask, exponentiate.
-    detail::logits_log2(p, tSrS);
-    const int end = int(entry.end);
-    if (entry.mask != EntryMask::kNone || c0 + kBlockM > end || key0 + kBlockN > p.seqlen_k) {
-      const Band band = p.work.bands[entry.band];
-      CUTLASS_PRAGMA_UNROLL
-      for (int h = 0; h < 2; ++h) {
-        const int key = key0 + 64 * half + row_in_group + 8 * h;
-        BlockColumns cols = attended_columns(band, entry.mask, key, c0, end, kBlockM);
-        if (key >= p.seqlen_k) cols = {0, 0};
-        detail::mask_outside<kBlockM>(tSrS, h, int(cols.lo) - col_base, int(cols.hi) - col_base);
-      }
-    }
-    // This thread's columns of the statistics (the copy started up to 3 rows early).
+    // This thread's columns of the statistics (the copies started up to 3 rows early).
     const float* lse2 = ss.lse2.data() + q_state.index() * kBwdStatsLoad + (c0 & 3) + col_base;
-    CUTLASS_PRAGMA_UNROLL
-    for (int j = 0; j < kBlockM / 8; ++j) CUTLASS_PRAGMA_UNROLL
-    for (int c = 0; c < 2; ++c) {
-      const float l = lse2[8 * j + c];
-      CUTLASS_PRAGMA_UNROLL
-      for (int h = 0; h < 2; ++h)
-        tSrS(c + 2 * h + 4 * j) = detail::exp2_approx(tSrS(c + 2 * h + 4 * j) - l);
-    }
-
+    const float* delta = ss.delta.data() + do_state.index() * kBwdStatsLoad + (c0 & 3) + col_base;
+    detail::probabilities_t<kBlockM, kBlockN>(p, tSrS, entry, c0, key0,
+                                              key0 + 64 * half + row_in_group, col_base, lse2);
     warpgroup_wait<0>();
     warpgroup_fence_operand(tSrdP);
-    const float* delta = ss.delta.data() + do_state.index() * kBwdStatsLoad + (c0 & 3) + col_base;
-    auto grad_s = [&](auto softcapped) {
-      CUTLASS_PRAGMA_UNROLL
-      for (int j = 0; j < kBlockM / 8; ++j) CUTLASS_PRAGMA_UNROLL
-      for (int c = 0; c < 2; ++c) {
-        const float d = delta[8 * j + c], l = lse2[8 * j + c];
-        CUTLASS_PRAGMA_UNROLL
-        for (int h = 0; h < 2; ++h) {
-          const int x = c + 2 * h + 4 * j;
-          tSrdP(x) =
-              detail::grad_logit<decltype(softcapped)::value>(tSrS(x), tSrdP(x), d, l, p.softcap_t);
-        }
-      }
-    };
-    if (p.softcap > 0.f)
-      grad_s(std::true_type{});
-    else
-      grad_s(std::false_type{});
+    detail::logit_gradients_t<kBlockM>(p, tSrS, tSrdP, lse2, delta);
     convert(tSrS, tKVrP);
     convert(tSrdP, tKVrdS);
 
@@ -313,7 +278,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
       CUTLASS_PRAGMA_UNROLL
       for (int h = 0; h < 2; ++h) {
         const int r = row_in_group + 8 * h;
-        const bool live = c0 + r < end;
+        const bool live = c0 + r < int(entry.end);
         CUTLASS_PRAGMA_UNROLL
         for (int j = 0; j < Cfg::kDqCols / 8; ++j) {
           const int col = 8 * (j % 4) + col_base;  // within the panel
