@@ -19,25 +19,13 @@
 #include "kernels/lse_merge.h"
 #include "kernels/sm90/fwd_config.cuh"
 #include "kernels/sm90/fwd_params.h"
+#include "kernels/sm90/fwd_softmax.cuh"
 #include "kernels/sm90/kernel_common.cuh"
 #include "kernels/sm90/tile_scheduler.cuh"
 
 namespace flexcp::sm90 {
 
 namespace detail {
-
-struct Item {
-  int tile, kv_head, head0;  // head0: first q head packed into the tile
-  int e_begin, e_end;        // the tile's entries (the host keeps their count below 2^31)
-};
-
-// What a consumer thread keeps of the item whose rows it holds: the item, its two rows (token, q
-// head), and their running maximum (log2 units, scaled) and sum (this thread's share).
-struct Rows {
-  Item it;
-  int token[2], head[2];
-  float max[2], sum[2];
-};
 
 // Items run kv head by kv head (busiest tiles first within each), so that the CTAs running at one
 // time stream the K/V of one head and share it through L2. CTAs take the next item when they are
@@ -235,82 +223,12 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
     end = int(entry.end);
     return false;
   };
-  // Softcap, mask and online softmax of S in place (S becomes P in fp32); returns through
-  // `correction` the factor that rescales what O accumulated before.
+  // Softcap, mask and online softmax of S in place (S becomes P in fp32, fwd_softmax.cuh);
+  // `correction` rescales what O accumulated before.
   float correction[2];
   auto softmax = [&]() {
-    if (p.softcap > 0.f) {
-      CUTLASS_PRAGMA_UNROLL
-      for (int x = 0; x < size(tSrS); ++x)
-        tSrS(x) =
-            detail::softcap_from_exp(detail::exp2_approx(tSrS(x) * p.softcap_scale), p.softcap);
-    } else if (p.negate) {
-      CUTLASS_PRAGMA_UNROLL
-      for (int x = 0; x < size(tSrS); ++x) tSrS(x) = -tSrS(x);
-    }
-    // Columns [lo, hi) of the block are attended by each row; masking only on edge blocks.
-    if (blk_mask != EntryMask::kNone || blk_c0 + kBlockN > blk_end) {
-      const Band band = p.work.bands[blk_band];
-      int lo32[2], hi32[2];  // relative to this thread's first column, col_base
-      CUTLASS_PRAGMA_UNROLL
-      for (int h = 0; h < 2; ++h) {
-        const BlockColumns cols =
-            attended_columns(band, blk_mask, rows.token[h], blk_c0, blk_end, kBlockN);
-        lo32[h] = int(cols.lo) - col_base;
-        hi32[h] = int(cols.hi) - col_base;
-      }
-      // Most edge blocks are cut on one side only (a causal diagonal, the first block of a
-      // window): each side is tested only when a row of the warp is cut there.
-      if (__any_sync(0xffffffffu, lo32[0] > -col_base || lo32[1] > -col_base)) {
-        CUTLASS_PRAGMA_UNROLL
-        for (int h = 0; h < 2; ++h) CUTLASS_PRAGMA_UNROLL
-        for (int j = 0; j < kBlockN / 8; ++j) CUTLASS_PRAGMA_UNROLL
-        for (int c = 0; c < 2; ++c)
-          if (8 * j + c < lo32[h]) tSrS(c + 2 * h + 4 * j) = kNegInf;
-      }
-      if (__any_sync(0xffffffffu, hi32[0] < kBlockN - col_base || hi32[1] < kBlockN - col_base)) {
-        CUTLASS_PRAGMA_UNROLL
-        for (int h = 0; h < 2; ++h) CUTLASS_PRAGMA_UNROLL
-        for (int j = 0; j < kBlockN / 8; ++j) CUTLASS_PRAGMA_UNROLL
-        for (int c = 0; c < 2; ++c)
-          if (8 * j + c >= hi32[h]) tSrS(c + 2 * h + 4 * j) = kNegInf;
-      }
-    }
-    // Row maxima and sums as four independent chains per row: with two consumer warps per
-    // scheduler, dependent chains (not throughput) bound this loop.
-    constexpr int kChains = 4;
-    float mx[2];
-    CUTLASS_PRAGMA_UNROLL
-    for (int h = 0; h < 2; ++h) {
-      float part[kChains];
-      CUTLASS_PRAGMA_UNROLL
-      for (int c = 0; c < kChains; ++c) part[c] = kNegInf;
-      CUTLASS_PRAGMA_UNROLL
-      for (int j = 0; j < kBlockN / 8; ++j)
-        part[j % kChains] =
-            fmaxf(part[j % kChains], fmaxf(tSrS(2 * h + 4 * j), tSrS(1 + 2 * h + 4 * j)));
-      mx[h] = fmaxf(fmaxf(part[0], part[1]), fmaxf(part[2], part[3]));
-    }
-    CUTLASS_PRAGMA_UNROLL
-    for (int h = 0; h < 2; ++h) mx[h] = fmaxf(mx[h], __shfl_xor_sync(0xffffffffu, mx[h], 1));
-    CUTLASS_PRAGMA_UNROLL
-    for (int h = 0; h < 2; ++h) mx[h] = fmaxf(mx[h], __shfl_xor_sync(0xffffffffu, mx[h], 2));
-    CUTLASS_PRAGMA_UNROLL
-    for (int h = 0; h < 2; ++h) {
-      const float m_new = fmaxf(rows.max[h], mx[h] * p.scale_log2);
-      const float m_use = m_new == kNegInf ? 0.f : m_new;
-      correction[h] = detail::exp2_approx(rows.max[h] - m_use);
-      rows.max[h] = m_new;
-      float part[kChains] = {0.f, 0.f, 0.f, 0.f};
-      CUTLASS_PRAGMA_UNROLL
-      for (int j = 0; j < kBlockN / 8; ++j) CUTLASS_PRAGMA_UNROLL
-      for (int c = 0; c < 2; ++c) {
-        float& x = tSrS(c + 2 * h + 4 * j);
-        x = detail::exp2_approx(fmaf(x, p.scale_log2, -m_use));
-        part[j % kChains] += x;
-      }
-      rows.sum[h] = rows.sum[h] * correction[h] + ((part[0] + part[1]) + (part[2] + part[3]));
-    }
+    detail::online_softmax<kBlockN>(p, tSrS, {blk_c0, blk_end, blk_band, blk_mask}, rows, col_base,
+                                    correction);
   };
   auto convert_p = [&]() {
     cutlass::NumericArrayConverter<Element, float, decltype(size(tSrS))::value> convert;

@@ -1,0 +1,110 @@
+// The forward's online softmax of one block, in registers: softcap (or the negation of a
+// reversed product), the in-tile mask on edge blocks (the one shared rule), and the running row
+// maximum and sum. Each consumer thread holds two rows of its group's 64 (the accumulator layout
+// of a 64xN wgmma) and, per 8 columns, two of the block's columns (col_base, col_base + 1).
+#pragma once
+
+#include "kernels/sm90/fwd_params.h"
+#include "kernels/sm90/kernel_common.cuh"
+#include "kernels/worklist/tile_mask.h"
+#include "kernels/worklist/worklist.h"
+
+namespace flexcp::sm90::detail {
+
+struct Item {
+  int tile, kv_head, head0;  // head0: first q head packed into the tile
+  int e_begin, e_end;        // the tile's entries (the host keeps their count below 2^31)
+};
+
+// What a consumer thread keeps of the item whose rows it holds: the item, its two rows (token, q
+// head), and their running maximum (log2 units, scaled) and sum (this thread's share).
+struct Rows {
+  Item it;
+  int token[2], head[2];
+  float max[2], sum[2];
+};
+
+// The block an S was computed for: its first column, its entry's end, band and mask.
+struct FwdBlock {
+  int c0, end, band;
+  EntryMask mask;
+};
+
+// S (q.k products) to P in fp32, in place, with the rows' running maximum and sum updated;
+// `correction` returns the factor that rescales what O accumulated before.
+template <int kBlockN, class Frag>
+__device__ __forceinline__ void online_softmax(const FwdParams& p, Frag& s, const FwdBlock& blk,
+                                               Rows& rows, int col_base, float (&correction)[2]) {
+  if (p.softcap > 0.f) {
+    CUTLASS_PRAGMA_UNROLL
+    for (int x = 0; x < cute::size(s); ++x)
+      s(x) = softcap_from_exp(exp2_approx(s(x) * p.softcap_scale), p.softcap);
+  } else if (p.negate) {
+    CUTLASS_PRAGMA_UNROLL
+    for (int x = 0; x < cute::size(s); ++x) s(x) = -s(x);
+  }
+  // Columns [lo, hi) of the block are attended by each row; masking only on edge blocks.
+  if (blk.mask != EntryMask::kNone || blk.c0 + kBlockN > blk.end) {
+    const Band band = p.work.bands[blk.band];
+    int lo32[2], hi32[2];  // relative to this thread's first column, col_base
+    CUTLASS_PRAGMA_UNROLL
+    for (int h = 0; h < 2; ++h) {
+      const BlockColumns cols =
+          attended_columns(band, blk.mask, rows.token[h], blk.c0, blk.end, kBlockN);
+      lo32[h] = int(cols.lo) - col_base;
+      hi32[h] = int(cols.hi) - col_base;
+    }
+    // Most edge blocks are cut on one side only (a causal diagonal, the first block of a
+    // window): each side is tested only when a row of the warp is cut there.
+    if (__any_sync(0xffffffffu, lo32[0] > -col_base || lo32[1] > -col_base)) {
+      CUTLASS_PRAGMA_UNROLL
+      for (int h = 0; h < 2; ++h) CUTLASS_PRAGMA_UNROLL
+      for (int j = 0; j < kBlockN / 8; ++j) CUTLASS_PRAGMA_UNROLL
+      for (int c = 0; c < 2; ++c)
+        if (8 * j + c < lo32[h]) s(c + 2 * h + 4 * j) = -INFINITY;
+    }
+    if (__any_sync(0xffffffffu, hi32[0] < kBlockN - col_base || hi32[1] < kBlockN - col_base)) {
+      CUTLASS_PRAGMA_UNROLL
+      for (int h = 0; h < 2; ++h) CUTLASS_PRAGMA_UNROLL
+      for (int j = 0; j < kBlockN / 8; ++j) CUTLASS_PRAGMA_UNROLL
+      for (int c = 0; c < 2; ++c)
+        if (8 * j + c >= hi32[h]) s(c + 2 * h + 4 * j) = -INFINITY;
+    }
+  }
+  // Row maxima and sums as four independent chains per row: with two consumer warps per
+  // scheduler, dependent chains (not throughput) bound this loop.
+  constexpr int kChains = 4;
+  float mx[2];
+  CUTLASS_PRAGMA_UNROLL
+  for (int h = 0; h < 2; ++h) {
+    float part[kChains];
+    CUTLASS_PRAGMA_UNROLL
+    for (int c = 0; c < kChains; ++c) part[c] = -INFINITY;
+    CUTLASS_PRAGMA_UNROLL
+    for (int j = 0; j < kBlockN / 8; ++j)
+      part[j % kChains] = fmaxf(part[j % kChains], fmaxf(s(2 * h + 4 * j), s(1 + 2 * h + 4 * j)));
+    mx[h] = fmaxf(fmaxf(part[0], part[1]), fmaxf(part[2], part[3]));
+  }
+  CUTLASS_PRAGMA_UNROLL
+  for (int h = 0; h < 2; ++h) mx[h] = fmaxf(mx[h], __shfl_xor_sync(0xffffffffu, mx[h], 1));
+  CUTLASS_PRAGMA_UNROLL
+  for (int h = 0; h < 2; ++h) mx[h] = fmaxf(mx[h], __shfl_xor_sync(0xffffffffu, mx[h], 2));
+  CUTLASS_PRAGMA_UNROLL
+  for (int h = 0; h < 2; ++h) {
+    const float m_new = fmaxf(rows.max[h], mx[h] * p.scale_log2);
+    const float m_use = m_new == -INFINITY ? 0.f : m_new;
+    correction[h] = exp2_approx(rows.max[h] - m_use);
+    rows.max[h] = m_new;
+    float part[kChains] = {0.f, 0.f, 0.f, 0.f};
+    CUTLASS_PRAGMA_UNROLL
+    for (int j = 0; j < kBlockN / 8; ++j) CUTLASS_PRAGMA_UNROLL
+    for (int c = 0; c < 2; ++c) {
+      float& x = s(c + 2 * h + 4 * j);
+      x = exp2_approx(fmaf(x, p.scale_log2, -m_use));
+      part[j % kChains] += x;
+    }
+    rows.sum[h] = rows.sum[h] * correction[h] + ((part[0] + part[1]) + (part[2] + part[3]));
+  }
+}
+
+}  // namespace flexcp::sm90::detail
