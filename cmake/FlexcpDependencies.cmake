@@ -9,9 +9,12 @@ endfunction()
 find_package(OpenMP COMPONENTS CXX)
 flexcp_require(OpenMP_CXX_FOUND "OpenMP for C++" "apt-get install -y libomp-dev")
 
-find_package(MPI COMPONENTS CXX)
-flexcp_require(MPI_CXX_FOUND "MPI (Open MPI) for the distributed runtime"
-               "apt-get install -y libopenmpi-dev openmpi-bin")
+if(FLEXCP_WITH_MPI)
+  find_package(MPI COMPONENTS CXX)
+  flexcp_require(MPI_CXX_FOUND "MPI (Open MPI) for the distributed runtime (or configure with \
+-DFLEXCP_WITH_MPI=OFF: no MPI communicator, no `flexcp run`)"
+                 "apt-get install -y libopenmpi-dev openmpi-bin")
+endif()
 
 find_package(nlohmann_json 3.10 QUIET)
 flexcp_require(nlohmann_json_FOUND "nlohmann-json (>= 3.10)" "apt-get install -y nlohmann-json3-dev")

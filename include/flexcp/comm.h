@@ -65,7 +65,8 @@ struct MpiOptions {
   double timeout_s = 0;
 };
 
-// MPI_COMM_WORLD, initialising MPI (and finalising it at exit) when the caller has not.
+// MPI_COMM_WORLD, initialising MPI (and finalising it at exit) when the caller has not. In a build
+// configured with -DFLEXCP_WITH_MPI=OFF, throws Error(kNotCompiled).
 FLEXCP_API std::unique_ptr<Communicator> make_mpi_communicator(const MpiOptions& options = {});
 
 }  // namespace flexcp

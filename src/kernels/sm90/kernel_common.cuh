@@ -79,7 +79,7 @@ struct FragmentCoords {
 };
 __device__ __forceinline__ FragmentCoords fragment_coords() {
   const int lane = threadIdx.x % 32;
-  return {((threadIdx.x / 32) % 4) * 16 + lane / 4, 2 * (lane % 4)};
+  return {int(threadIdx.x / 32 % 4) * 16 + lane / 4, 2 * (lane % 4)};
 }
 
 // Sets to -inf the elements of row h of the fragment (kCols columns) outside columns [lo, hi),
