@@ -18,6 +18,7 @@
 
 #include "kernels/lse_merge.h"
 #include "kernels/sm90/fwd_config.cuh"
+#include "kernels/sm90/fwd_epilogue.cuh"
 #include "kernels/sm90/fwd_params.h"
 #include "kernels/sm90/fwd_softmax.cuh"
 #include "kernels/sm90/kernel_common.cuh"
@@ -272,59 +273,11 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
     ++v_state;
   };
 
-  // Epilogue: normalise and fold in the sink; lse goes straight from registers, out through
-  // shared memory and a TMA store, which runs on while the next item starts. Each group stores
-  // its own 64 rows, so that neither waits for the other: one group's epilogue runs while the
-  // other's last product is still on the tensor cores.
+  // Epilogue (fwd_epilogue.cuh): normalise and fold in the sink; lse straight from registers,
+  // out through shared memory and this group's own TMA store, which runs on while the next item
+  // starts.
   auto epilogue = [&](const detail::Rows& r) {
-    float mul[2];
-    CUTLASS_PRAGMA_UNROLL
-    for (int h = 0; h < 2; ++h) {
-      float l = r.sum[h];
-      l += __shfl_xor_sync(0xffffffffu, l, 1);
-      l += __shfl_xor_sync(0xffffffffu, l, 2);
-      mul[h] = 0.f;
-      float lse = kNegInf;
-      // A row with no attended key (l = 0) keeps out = 0, lse = -inf and no sink. A NaN sum
-      // (a non-finite logit: every one of them NaN leaves the row maximum at -inf, as if the
-      // row were empty) goes through and makes out and lse NaN.
-      if (l != 0.f) {
-        lse = (r.max[h] + __log2f(l)) * kLn2;
-        mul[h] = 1.f / l;
-        if (p.sink != nullptr) {
-          const LseMerge with_sink = merge_lse(lse, p.sink[r.head[h]]);
-          mul[h] *= with_sink.weight_a;
-          lse = with_sink.lse;
-        }
-      }
-      if (r.token[h] < p.seqlen_q && lane % 4 == 0)
-        p.lse[std::int64_t(r.token[h]) * p.lse_stride_t +
-              std::int64_t(r.head[h]) * p.lse_stride_h] = lse;
-    }
-    // The previous item's store must have read this group's staging rows before they are
-    // written again.
-    const int half = wg - 1;
-    const bool store_leader = ctid % 128 == 0;
-    if (store_leader) tma_store_wait<0>();
-    cutlass::arch::NamedBarrier::sync(128, static_cast<std::uint32_t>(FwdBarrier::kOStaged) + half);
-    {
-      Tensor out = make_tensor_like<Element>(tOrO);
-      CUTLASS_PRAGMA_UNROLL
-      for (int x = 0; x < size(tOrO); ++x) out(x) = Element(tOrO(x) * mul[(x >> 1) & 1]);
-      copy(store_o, thr_store_o.retile_S(out), tOsO);
-    }
-    cutlass::arch::fence_view_async_shared();  // make the writes visible to the copy engine
-    cutlass::arch::NamedBarrier::sync(128, static_cast<std::uint32_t>(FwdBarrier::kOStaged) + half);
-    if (store_leader) {
-      // The group's rows: the second 64 tokens of one head, or the second half of the packed
-      // heads (the O map's box is one half: {64, 64, 1} or {64, rows, pack / 2}).
-      const int token0 = (r.it.tile << p.rows_log2) + (p.pack == 1 ? 64 * half : 0);
-      const int head0 = r.it.head0 + half * (p.pack / 2);
-      for (int c = 0; c < Cfg::kPanels; ++c)
-        SM90_TMA_STORE_3D::copy(&p.tma_o, ss.o.data() + c * kBlockM * 64 + half * 64 * 64, c * 64,
-                                token0, head0);
-      tma_store_arrive();
-    }
+    detail::write_out_lse<Cfg>(p, r, tOrO, store_o, thr_store_o, tOsO, ss.o.data(), wg - 1, ctid);
   };
 
   // Items follow one another on the tensor cores without a gap: the turn that runs an item's last
