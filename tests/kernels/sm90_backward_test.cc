@@ -157,7 +157,7 @@ TEST(Sm90Backward, KeyGradientsRepeatBitForBit) {
 TEST(Sm90Backward, SplitItemsMatchTheReferenceAndRepeatBitForBit) {
   SKIP_WITHOUT_GPU();
   std::mt19937_64 rng(91);
-  const test::KernelCase c{"split", 1024, 1024, 16, 2, 128};
+  const test::KernelCase c{"split", 1024, 1024, 16, 2, 128, DType::kBFloat16, 0.0, /*sink=*/true};
   const Mask mask = masks::causal(c.tq, c.tk);
   const AttentionShape shape{c.tq, c.tk, c.hq, c.hk, c.d, c.dtype, Device::kCuda, 0};
   const BwdUnits& units = AttentionPlan(mask, shape).impl().bwd_units;

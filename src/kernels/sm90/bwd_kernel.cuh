@@ -98,6 +98,9 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
       Shape<_1, _1, _1>{});
   PipelineItem pipe_item(ss.items.pipe, Cfg::Items::params(producer, kConsumerThreads));
   __syncthreads();  // barriers initialised before anyone waits on them
+  // Launched to overlap the row statistics (launch.cuh): they write the statistics the producer
+  // loads and zero the accumulator the consumers add into.
+  detail::wait_for_previous_kernel();
 
   if (producer) {
     cutlass::arch::warpgroup_reg_dealloc<Cfg::kProducerRegs>();
@@ -117,6 +120,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
       Items::publish(pipe_item, item_state, ss.items, i);
       if (i >= p.items) {
         Items::retire(p.work.scheduler);
+        detail::allow_next_kernel_to_launch();  // the dq conversion, queued behind
         break;
       }
       const detail::BwdItem it = detail::decode_bwd_item(p, i);

@@ -4,12 +4,15 @@
 //   after:  dq = scale * accumulator in the input dtype, and dsink summed in a fixed order.
 // In the deterministic mode dq comes from its own pass (bwd_dq_kernel.cuh): the accumulator is
 // neither zeroed nor read (its pointer and dq are null here).
-// Memory-bound and simple: one warp per row, so that the reads of a row's D elements coalesce.
+// Memory-bound: 16-byte accesses, several rows per warp in flight. The main kernel overlaps the
+// first's tail and the conversion the main kernel's (launch.cuh, programmatic dependent launch).
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 
 #include "kernels/lse_merge.h"
 #include "kernels/sm90/bwd_rowstats.h"
+#include "kernels/sm90/grid_dependency.cuh"
+#include "kernels/sm90/launch.cuh"
 
 namespace flexcp::sm90 {
 namespace {
@@ -35,40 +38,63 @@ __device__ __forceinline__ __half from_float(float x) {
   return __float2half_rn(x);
 }
 
-// Block (x, h) handles rows [64 x, 64 x + 64) of q head h.
+// Reads and writes move 16 bytes per lane (check_layout asked for 16-byte aligned rows and
+// strides; the head dims are multiples of 8): kLanes lanes per row, 32 / kLanes rows per warp at
+// once, so that a warp keeps several rows' loads in flight.
+constexpr int kVec = 8;  // elements of a 16-byte load
+
 template <class T>
+__device__ __forceinline__ float dot8(const uint4& a, const uint4& b) {
+  const T* x = reinterpret_cast<const T*>(&a);
+  const T* y = reinterpret_cast<const T*>(&b);
+  float dot = 0.f;
+#pragma unroll
+  for (int i = 0; i < kVec; ++i) dot += to_float(x[i]) * to_float(y[i]);
+  return dot;
+}
+
+// Block (x, h) handles rows [64 x, 64 x + 64) of q head h.
+template <class T, int kLanes>
 __global__ void __launch_bounds__(32 * kWarps) bwd_preprocess(const RowStatsParams p) {
+  constexpr int kRowsAtOnce = 32 / kLanes;
+  static_assert(kRowsPerWarp % kRowsAtOnce == 0);
   const int h = blockIdx.y;
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  const int c = lane % kLanes * kVec;
+  const bool leader = lane % kLanes == 0;  // writes its row's statistics
   const float sink = p.sink != nullptr ? p.sink[h] : 0.f;
-  float sink_part = 0.f;  // this warp's rows, in order (lane 0's copy is the one kept)
-  for (int r = 0; r < kRowsPerWarp; ++r) {
+  float sink_part = 0.f;  // this leader's rows, in order
+  for (int r = lane / kLanes; r < kRowsPerWarp; r += kRowsAtOnce) {
     const std::int64_t t = std::int64_t(blockIdx.x) * kRowsPerBlock + warp * kRowsPerWarp + r;
-    if (t >= p.scratch.stats_stride) break;
-    float lse2 = INFINITY, delta = 0.f;
+    float dot = 0.f;
     if (t < p.seqlen_q) {
       const T* o = static_cast<const T*>(p.out) + t * p.out_stride_t + h * p.out_stride_h;
       const T* d = static_cast<const T*>(p.dout) + t * p.dout_stride_t + h * p.dout_stride_h;
-      float dot = 0.f;
-      for (int c = lane; c < p.head_dim; c += 32) dot += to_float(o[c]) * to_float(d[c]);
-      if (p.scratch.dq_accum != nullptr)  // null when dq comes from the deterministic pass
-        for (int c = lane; c < p.head_dim; c += 32)
-          p.scratch.dq_accum[(t * p.heads_q + h) * p.head_dim + c] = 0.f;
-      for (int s = 16; s > 0; s /= 2) dot += __shfl_xor_sync(0xffffffffu, dot, s);
-      delta = dot;
+      dot = dot8<T>(*reinterpret_cast<const uint4*>(o + c), *reinterpret_cast<const uint4*>(d + c));
+      if (p.scratch.dq_accum != nullptr) {  // null when dq comes from the deterministic pass
+        float4* a = reinterpret_cast<float4*>(p.scratch.dq_accum + (t * p.heads_q + h) * p.head_dim + c);
+        a[0] = a[1] = make_float4(0.f, 0.f, 0.f, 0.f);
+      }
+    }
+    // Every lane shuffles (rows past the end included, with zeros), so the mask stays full.
+    for (int s = kLanes / 2; s > 0; s /= 2) dot += __shfl_xor_sync(0xffffffffu, dot, s);
+    if (!leader || t >= p.scratch.stats_stride) continue;
+    float lse2 = INFINITY;  // rows past seqlen_q: statistics padding
+    if (t < p.seqlen_q) {
       const float lse = p.lse[t * p.lse_stride_t + h * p.lse_stride_h];
       if (lse != -INFINITY) {
         lse2 = lse * kLog2e;
-        if (p.sink != nullptr) sink_part -= expf(sink - lse) * delta;
+        if (p.sink != nullptr) sink_part -= expf(sink - lse) * dot;
       }
     }
-    if (lane == 0) {
-      p.scratch.lse2[h * p.scratch.stats_stride + t] = lse2;
-      p.scratch.delta[h * p.scratch.stats_stride + t] = delta;
-    }
+    p.scratch.lse2[h * p.scratch.stats_stride + t] = lse2;
+    p.scratch.delta[h * p.scratch.stats_stride + t] = dot;
   }
+  detail::allow_next_kernel_to_launch();  // the main kernel, queued behind (it waits for these)
   // Blocks past the rows (statistics padding) have no partial.
   if (p.sink == nullptr || blockIdx.x >= p.scratch.stats_blocks) return;
+  // The warp's leaders' parts in a fixed order (non-leaders hold zero), then the warps'.
+  for (int s = kLanes; s < 32; s *= 2) sink_part += __shfl_xor_sync(0xffffffffu, sink_part, s);
   __shared__ float parts[kWarps];
   if (lane == 0) parts[warp] = sink_part;
   __syncthreads();
@@ -79,21 +105,27 @@ __global__ void __launch_bounds__(32 * kWarps) bwd_preprocess(const RowStatsPara
   }
 }
 
-// dq = scale * accumulator: one thread per 4 elements (D is a multiple of 4).
+// dq = scale * accumulator: one thread per 8 elements. Launched to overlap the main kernel's tail
+// (launch.cuh), so it waits for it first.
 template <class T>
 __global__ void bwd_postprocess(const RowStatsParams p) {
-  const std::int64_t quads = p.seqlen_q * p.heads_q * (p.head_dim / 4);
-  for (std::int64_t i = blockIdx.x * std::int64_t(blockDim.x) + threadIdx.x; i < quads;
+  detail::wait_for_previous_kernel();
+  const int per_row = p.head_dim / kVec;
+  const std::int64_t octs = p.seqlen_q * p.heads_q * per_row;
+  for (std::int64_t i = blockIdx.x * std::int64_t(blockDim.x) + threadIdx.x; i < octs;
        i += std::int64_t(gridDim.x) * blockDim.x) {
-    const std::int64_t row = i / (p.head_dim / 4);
-    const int c = int(i % (p.head_dim / 4)) * 4;
+    const std::int64_t row = i / per_row;
+    const int c = int(i % per_row) * kVec;
     const std::int64_t t = row / p.heads_q, h = row % p.heads_q;
-    const float4 a = reinterpret_cast<const float4*>(p.scratch.dq_accum)[i];
-    T* out = static_cast<T*>(p.dq) + t * p.dq_stride_t + h * p.dq_stride_h + c;
-    out[0] = from_float<T>(a.x * p.scale);
-    out[1] = from_float<T>(a.y * p.scale);
-    out[2] = from_float<T>(a.z * p.scale);
-    out[3] = from_float<T>(a.w * p.scale);
+    const float4* a = reinterpret_cast<const float4*>(p.scratch.dq_accum) + 2 * i;
+    const float4 lo = __ldcs(a), hi = __ldcs(a + 1);  // read once: stream past the caches
+    const float f[kVec] = {lo.x, lo.y, lo.z, lo.w, hi.x, hi.y, hi.z, hi.w};
+    uint4 packed;
+    T* out = reinterpret_cast<T*>(&packed);
+#pragma unroll
+    for (int j = 0; j < kVec; ++j) out[j] = from_float<T>(f[j] * p.scale);
+    *reinterpret_cast<uint4*>(static_cast<T*>(p.dq) + t * p.dq_stride_t + h * p.dq_stride_h + c) =
+        packed;
   }
 }
 
@@ -112,17 +144,34 @@ cudaError_t launch_all_before(const RowStatsParams& p, cudaStream_t stream) {
   const dim3 grid(
       static_cast<unsigned>((p.scratch.stats_stride + kRowsPerBlock - 1) / kRowsPerBlock),
       static_cast<unsigned>(p.heads_q));
-  bwd_preprocess<T><<<grid, 32 * kWarps, 0, stream>>>(p);
+  switch (p.head_dim) {  // the head dims the kernels are built for (the plan checked)
+    case 64:
+      bwd_preprocess<T, 64 / kVec><<<grid, 32 * kWarps, 0, stream>>>(p);
+      break;
+    case 128:
+      bwd_preprocess<T, 128 / kVec><<<grid, 32 * kWarps, 0, stream>>>(p);
+      break;
+    default:
+      return cudaErrorInvalidValue;
+  }
   return cudaGetLastError();
 }
 
 template <class T>
 cudaError_t launch_all_after(const RowStatsParams& p, int sms, cudaStream_t stream) {
   if (p.seqlen_q > 0 && p.dq != nullptr) {
-    const std::int64_t quads = p.seqlen_q * p.heads_q * (p.head_dim / 4);
-    const std::int64_t blocks = std::min<std::int64_t>((quads + 255) / 256, 8LL * sms);
-    bwd_postprocess<T><<<static_cast<unsigned>(blocks), 256, 0, stream>>>(p);
-    if (const cudaError_t err = cudaGetLastError(); err != cudaSuccess) return err;
+    const std::int64_t octs = p.seqlen_q * p.heads_q * (p.head_dim / kVec);
+    const std::int64_t blocks = std::min<std::int64_t>((octs + 255) / 256, 8LL * sms);
+    cudaLaunchConfig_t config{};
+    config.gridDim = dim3(static_cast<unsigned>(blocks));
+    config.blockDim = dim3(256);
+    config.stream = stream;
+    cudaLaunchAttribute overlap = overlap_previous_attribute();
+    config.attrs = &overlap;
+    config.numAttrs = 1;
+    if (const cudaError_t err = cudaLaunchKernelEx(&config, bwd_postprocess<T>, p);
+        err != cudaSuccess)
+      return err;
   }
   if (p.sink != nullptr && p.dsink != nullptr) {
     bwd_sink_sum<<<static_cast<unsigned>(p.heads_q), 32, 0, stream>>>(p);

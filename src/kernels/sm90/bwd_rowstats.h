@@ -19,7 +19,7 @@ struct RowStatsParams {
   std::int64_t dout_stride_t = 0, dout_stride_h = 0;
   const float* lse = nullptr;  // [Tq, Hq]
   std::int64_t lse_stride_t = 0, lse_stride_h = 0;
-  void* dq = nullptr;  // [Tq, Hq, D], unit stride along D, 8-byte aligned rows; null: not written
+  void* dq = nullptr;  // [Tq, Hq, D], unit stride along D, 16-byte aligned rows; null: not written
   std::int64_t dq_stride_t = 0, dq_stride_h = 0;
   const float* sink = nullptr;  // [Hq], or null
   float* dsink = nullptr;       // [Hq] with dsink_stride, or null

@@ -8,6 +8,8 @@
 #include <cute/arch/copy_sm90_tma.hpp>
 #include <cute/tensor.hpp>
 
+#include "kernels/sm90/grid_dependency.cuh"
+
 namespace flexcp::sm90::detail {
 
 // Issues one warp-group matrix product (no commit, no wait). zero_init overwrites the accumulator.
