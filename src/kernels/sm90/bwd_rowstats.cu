@@ -72,7 +72,8 @@ __global__ void __launch_bounds__(32 * kWarps) bwd_preprocess(const RowStatsPara
       const T* d = static_cast<const T*>(p.dout) + t * p.dout_stride_t + h * p.dout_stride_h;
       dot = dot8<T>(*reinterpret_cast<const uint4*>(o + c), *reinterpret_cast<const uint4*>(d + c));
       if (p.scratch.dq_accum != nullptr) {  // null when dq comes from the deterministic pass
-        float4* a = reinterpret_cast<float4*>(p.scratch.dq_accum + (t * p.heads_q + h) * p.head_dim + c);
+        float4* a =
+            reinterpret_cast<float4*>(p.scratch.dq_accum + (t * p.heads_q + h) * p.head_dim + c);
         a[0] = a[1] = make_float4(0.f, 0.f, 0.f, 0.f);
       }
     }
