@@ -4,9 +4,10 @@
 
 namespace flexcp::sm90::detail {
 
-// A kernel launched with LaunchOrder::kOverlapPrevious may start before the one ahead of it on the stream has finished, and must wait here before it
-// reads or writes anything that kernel touches; the wait returns once that kernel has completed
-// and its writes are visible. A no-op in a kernel launched the ordinary way.
+// A kernel launched with LaunchOrder::kOverlapPrevious may start before the one ahead of it on the
+// stream has finished, and must wait here before it reads or writes anything that kernel touches;
+// the wait returns once that kernel has completed and its writes are visible. A no-op in a kernel
+// launched the ordinary way.
 __device__ __forceinline__ void wait_for_previous_kernel() {
   asm volatile("griddepcontrol.wait;" ::: "memory");
 }
