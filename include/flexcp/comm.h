@@ -43,7 +43,10 @@ class FLEXCP_API Communicator {
   virtual ~Communicator() = default;
   virtual int rank() const = 0;
   virtual int size() const = 0;
-  // Starts the given sends and receives (in any order); buffers stay untouched until wait().
+  // Starts the given sends and receives; buffers stay untouched until wait(). Exchanges match in
+  // order: a send in a rank's n-th start() must be received in its peer's n-th start() (NCCL
+  // matches messages in posting order and has no tags; MPI would not need this). Within one
+  // start(), messages between two ranks match by tag.
   virtual std::unique_ptr<CommHandle> start(const std::vector<SendOp>& sends,
                                             const std::vector<RecvOp>& recvs) = 0;
   // Every rank's `bytes` bytes, in rank order, into `all` (size() * bytes).

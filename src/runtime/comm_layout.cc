@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <climits>
 #include <string>
+#include <utility>
 
 #include "flexcp/status.h"
 
@@ -41,6 +42,49 @@ CommLayout make_comm_layout(const RankPlan& rp) {
                 "flexcp::DistAttention: " + std::to_string(max_index + 1) +
                     " K/V pieces between two ranks, more than message tags can number");
   return layout;
+}
+
+void learn_send_stages(CommLayout& layout, const RankPlan& rp, Communicator& comm) {
+  // (owner, index, stage) of every piece received, from every rank.
+  struct Entry {
+    std::int32_t owner, index, stage;
+  };
+  std::vector<Entry> mine;
+  for (const RemoteRange& r : rp.recv) mine.push_back({r.owner, r.index, r.stage});
+  const int world = comm.size();
+  std::vector<std::int64_t> count(world);
+  const auto n = static_cast<std::int64_t>(mine.size());
+  comm.all_gather(&n, sizeof n, count.data());
+  std::vector<std::size_t> bytes(world);
+  std::int64_t total = 0;
+  for (int r = 0; r < world; ++r) {
+    bytes[r] = static_cast<std::size_t>(count[r]) * sizeof(Entry);
+    total += count[r];
+  }
+  std::vector<Entry> all(static_cast<std::size_t>(std::max<std::int64_t>(total, 1)));
+  comm.all_gather_v(mine.data(), bytes, all.data());
+
+  // The send to rank r with index i is the piece r lists as (owner = this rank, index i).
+  std::vector<std::vector<std::pair<int, int>>> stage_of(world);  // per receiver: (index, stage)
+  std::int64_t at = 0;
+  layout.exchanges = 0;
+  for (int r = 0; r < world; ++r)
+    for (std::int64_t j = 0; j < count[r]; ++j, ++at) {
+      const Entry& e = all[at];
+      layout.exchanges = std::max(layout.exchanges, e.stage);
+      if (e.owner == rp.rank) stage_of[r].push_back({e.index, e.stage});
+    }
+  for (auto& v : stage_of) std::sort(v.begin(), v.end());
+  layout.send_stage.clear();
+  for (const SendRange& s : rp.sends) {
+    const auto& v = stage_of[s.dest];
+    const auto it = std::lower_bound(v.begin(), v.end(), std::pair{s.index, 0});
+    if (it == v.end() || it->first != s.index)
+      throw Error(Status::kInternal, "flexcp::DistAttention: rank " + std::to_string(s.dest) +
+                                         " does not receive piece " + std::to_string(s.index) +
+                                         " that rank " + std::to_string(rp.rank) + " sends it");
+    layout.send_stage.push_back(it->second);
+  }
 }
 
 }  // namespace flexcp::runtime

@@ -7,6 +7,7 @@
 #include <cstdint>
 #include <vector>
 
+#include "flexcp/comm.h"
 #include "flexcp/plan.h"
 
 namespace flexcp::runtime {
@@ -22,6 +23,11 @@ struct CommLayout {
   std::vector<Range> own_ranges;   // global K/V tokens held, in local order
   std::vector<std::int64_t> own_offsets;
   std::vector<std::int64_t> recv_column;  // column of each RankPlan::recv entry's first token
+  // Exchanges, matched in order on every rank (flexcp/comm.h): exchange s (1..exchanges) carries
+  // the pieces every receiver consumes in its stage s, K/V forward and their partials backward.
+  // send_stage[i] is the receiver's stage of RankPlan::sends[i] (learn_send_stages).
+  std::vector<int> send_stage;
+  int exchanges = 0;  // the most stages of any rank
 
   // Local K/V row of a global token this rank holds.
   std::int64_t own_row(std::int64_t token) const;
@@ -30,6 +36,11 @@ struct CommLayout {
 };
 
 // Throws Error(kInvalidArgument) when a pair of ranks exchanges more pieces than tags can number.
+// Its send stages are not known yet: learn_send_stages fills them.
 CommLayout make_comm_layout(const RankPlan& rp);
+
+// Collective, once per plan: each rank tells the owners of the pieces it receives in which of its
+// stages it consumes them (a rank's plan knows its own stages only, DESIGN §3's per-rank planning).
+void learn_send_stages(CommLayout& layout, const RankPlan& rp, Communicator& comm);
 
 }  // namespace flexcp::runtime

@@ -146,22 +146,26 @@ struct DistAttention::Impl {
 
   // Group-cast of K/V into `k_cols`/`v_cols` ([total_columns, Hk, D]): own rows first, then each
   // received piece at its column. Sends read the own rows there, so they are copied in first.
-  // Returns the handles: index 0 the sends, then one per remote stage.
+  // One exchange per stage, the same sequence on every rank (flexcp/comm.h: exchanges match in
+  // order): exchange s sends the pieces their receivers consume in stage s and receives this
+  // rank's stage s. Returns handles[s] for s in [1, exchanges] (handles[0] is empty).
   std::vector<std::unique_ptr<CommHandle>> start_kv_exchange(const TensorView& k,
                                                              const TensorView& v, Buffer& k_cols,
                                                              Buffer& v_cols, DistStats& stats) {
     const std::size_t row = kv_row_bytes();
     std::memcpy(k_cols.bytes.data(), k.data, layout.own_columns * row);
     std::memcpy(v_cols.bytes.data(), v.data, layout.own_columns * row);
-    std::vector<SendOp> sends;
-    for (const SendRange& s : me().sends) {
+    std::vector<std::vector<SendOp>> sends(layout.exchanges + 1);
+    for (std::size_t i = 0; i < me().sends.size(); ++i) {
+      const SendRange& s = me().sends[i];
       const std::int64_t r = layout.own_row(s.tokens.begin);  // a piece's rows are neighbours
       const std::size_t bytes = s.tokens.size() * row;
-      sends.push_back({s.dest, k_cols.row(r), bytes, CommLayout::tag(s.index, Message::kK)});
-      sends.push_back({s.dest, v_cols.row(r), bytes, CommLayout::tag(s.index, Message::kV)});
+      auto& to = sends[layout.send_stage[i]];
+      to.push_back({s.dest, k_cols.row(r), bytes, CommLayout::tag(s.index, Message::kK)});
+      to.push_back({s.dest, v_cols.row(r), bytes, CommLayout::tag(s.index, Message::kV)});
       stats.fwd_bytes_sent += 2 * static_cast<std::int64_t>(bytes);
     }
-    std::vector<std::vector<RecvOp>> recvs(me().num_stages + 1);
+    std::vector<std::vector<RecvOp>> recvs(layout.exchanges + 1);
     for (std::size_t i = 0; i < me().recv.size(); ++i) {
       const RemoteRange& r = me().recv[i];
       const std::int64_t col = layout.recv_column[i];
@@ -171,9 +175,8 @@ struct DistAttention::Impl {
       recvs[r.stage].push_back(
           {r.owner, v_cols.row(col), bytes, CommLayout::tag(r.index, Message::kV)});
     }
-    std::vector<std::unique_ptr<CommHandle>> handles;
-    handles.push_back(comm->start(sends, {}));
-    for (int s = 1; s <= me().num_stages; ++s) handles.push_back(comm->start({}, recvs[s]));
+    std::vector<std::unique_ptr<CommHandle>> handles(layout.exchanges + 1);
+    for (int s = 1; s <= layout.exchanges; ++s) handles[s] = comm->start(sends[s], recvs[s]);
     return handles;
   }
 };
@@ -229,6 +232,7 @@ DistAttention::DistAttention(const Mask& mask, Communicator& comm, std::int64_t 
 
   m.plan = make_plan(mask, po, comm.rank());
   m.layout = runtime::make_comm_layout(m.plan.rank);
+  runtime::learn_send_stages(m.layout, m.plan.rank, comm);
   m.positions = m.plan.dispatch.position_ids(comm.rank());
 }
 
@@ -356,7 +360,7 @@ void DistAttention::gather_kv(const TensorView& k, const TensorView& v, const Te
       vc(m.dtype, m.layout.total_columns, m.heads_kv, m.head_dim);
   DistStats stats;
   auto handles = m.start_kv_exchange(k, v, kc, vc, stats);
-  for (auto it = handles.rbegin(); it != handles.rend(); ++it) (*it)->wait();
+  for (int s = 1; s <= m.layout.exchanges; ++s) handles[s]->wait();
   std::memcpy(k_buffer.data, kc.bytes.data(), m.layout.total_columns * m.kv_row_bytes());
   std::memcpy(v_buffer.data, vc.bytes.data(), m.layout.total_columns * m.kv_row_bytes());
 }
@@ -421,7 +425,7 @@ DistContext DistAttention::forward(const TensorView& q, const TensorView& k, con
     }
     stats.forward[s].compute_ms = ms_since(t0);
   }
-  handles[0]->wait();
+  for (int s = stages + 1; s <= m.layout.exchanges; ++s) handles[s]->wait();  // sends only
   // Sink, then the outputs in their dtypes; a row with no attended key keeps out = 0, lse = -inf.
   const float* sink = state->sink.empty() ? nullptr : state->sink.data();
   float* o = acc.f32();
@@ -481,30 +485,31 @@ void DistAttention::backward(DistContext& context, const TensorView& dout, const
   stats.backward.assign(stages + 1, {});
   const std::size_t row = static_cast<std::size_t>(hk * dim) * sizeof(float);
 
-  // Group-reduce receives, posted first: every destination's dK/dV partials of each piece it
-  // received from this rank.
-  std::vector<RecvOp> recvs;
+  // Group-reduce: the partials of every piece this rank sent come back from its receiver, in the
+  // exchange of the stage that consumed it (the forward's sequence, flexcp/comm.h).
+  std::vector<std::vector<RecvOp>> recvs(m.layout.exchanges + 1);
   std::vector<Buffer> partials;
   partials.reserve(m.me().sends.size());
-  for (const SendRange& s : m.me().sends) {
+  for (std::size_t i = 0; i < m.me().sends.size(); ++i) {
+    const SendRange& s = m.me().sends[i];
     partials.emplace_back(DType::kFloat32, 2 * s.tokens.size(), hk, dim);
     Buffer& p = partials.back();
     const std::size_t bytes = s.tokens.size() * row;
-    recvs.push_back({s.dest, p.row(0), bytes, CommLayout::tag(s.index, Message::kGradK)});
-    recvs.push_back(
+    auto& from = recvs[m.layout.send_stage[i]];
+    from.push_back({s.dest, p.row(0), bytes, CommLayout::tag(s.index, Message::kGradK)});
+    from.push_back(
         {s.dest, p.row(s.tokens.size()), bytes, CommLayout::tag(s.index, Message::kGradV)});
   }
-  auto reduce_in = m.comm->start({}, recvs);
 
   AttentionOptions partial = options;
   partial.sink = {};
   Buffer dq_acc(DType::kFloat32, tq, hq, dim), dq_part(DType::kFloat32, tq, hq, dim);
   Buffer dk_acc(DType::kFloat32, cols, hk, dim), dv_acc(DType::kFloat32, cols, hk, dim);
   Buffer dk_part(DType::kFloat32, cols, hk, dim), dv_part(DType::kFloat32, cols, hk, dim);
-  std::vector<std::unique_ptr<CommHandle>> reduce_out;
-  for (int s = 0; s <= stages; ++s) {
+  std::vector<std::unique_ptr<CommHandle>> reduce(m.layout.exchanges + 1);
+  for (int s = 0; s <= m.layout.exchanges; ++s) {
     const auto t0 = std::chrono::steady_clock::now();
-    if (m.me().stage_plans[s].area() > 0) {
+    if (s <= stages && m.me().stage_plans[s].area() > 0) {
       cpu::backward(m.stage_shape(s, options.scale), m.me().stage_plans[s].impl(), dout, q,
                     ctx.k.view, ctx.v.view, out, lse, dq_part.view, dk_part.view, dv_part.view,
                     partial, {});
@@ -516,7 +521,8 @@ void DistAttention::backward(DistContext& context, const TensorView& dout, const
         for (std::int64_t i = 0; i < n; ++i) a[i] += p[i];
       }
     }
-    stats.backward[s].compute_ms = ms_since(t0);
+    if (s <= stages) stats.backward[s].compute_ms = ms_since(t0);
+    if (s == 0) continue;
     // This stage's received columns are final now: return their partials to the owners.
     std::vector<SendOp> sends;
     for (std::size_t i = 0; i < m.me().recv.size(); ++i) {
@@ -528,10 +534,12 @@ void DistAttention::backward(DistContext& context, const TensorView& dout, const
       sends.push_back({r.owner, dv_acc.row(col), bytes, CommLayout::tag(r.index, Message::kGradV)});
       stats.bwd_bytes_sent += 2 * static_cast<std::int64_t>(bytes);
     }
-    if (!sends.empty()) reduce_out.push_back(m.comm->start(sends, {}));
+    reduce[s] = m.comm->start(sends, recvs[s]);
   }
-  reduce_in->wait();
-  stats.bwd_bytes_received = static_cast<std::int64_t>(reduce_in->bytes_received());
+  for (int s = 1; s <= m.layout.exchanges; ++s) {
+    reduce[s]->wait();
+    stats.bwd_bytes_received += static_cast<std::int64_t>(reduce[s]->bytes_received());
+  }
   // Sum the partials in a fixed order (destinations, then pieces): deterministic.
   for (std::size_t i = 0; i < m.me().sends.size(); ++i) {
     const SendRange& s = m.me().sends[i];
@@ -546,7 +554,6 @@ void DistAttention::backward(DistContext& context, const TensorView& dout, const
       for (std::int64_t j = 0; j < hk * dim; ++j) ak[j] += pk[j], av[j] += pv[j];
     }
   }
-  for (auto& h : reduce_out) h->wait();
   for (std::int64_t i = 0; i < tq * hq * dim; ++i)
     store_float(dq.data, m.dtype, i, dq_acc.f32()[i]);
   for (std::int64_t i = 0; i < own * hk * dim; ++i) {
