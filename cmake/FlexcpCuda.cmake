@@ -55,3 +55,25 @@ if(FLEXCP_WITH_CUDA)
   set(FLEXCP_SM90_DTYPES "bf16;fp16" CACHE STRING "dtypes of the sm90 forward kernel")
   set(FLEXCP_SM90_HEAD_DIMS "64;128" CACHE STRING "head dims of the sm90 forward kernel")
 endif()
+
+# NCCL's header for the nccl communicator (the library is loaded at run time, comm/nccl.cc): the
+# CUDA toolkit's, else the one of the nvidia-nccl wheel beside PyTorch.
+if(FLEXCP_WITH_CUDA)
+  set(_nccl_hints ${CUDAToolkit_INCLUDE_DIRS})
+  find_package(Python3 COMPONENTS Interpreter QUIET)
+  if(Python3_Interpreter_FOUND)
+    execute_process(COMMAND ${Python3_EXECUTABLE} -c
+                            "import nvidia.nccl, os; print(os.path.dirname(nvidia.nccl.__file__))"
+                    OUTPUT_VARIABLE _nccl_py OUTPUT_STRIP_TRAILING_WHITESPACE ERROR_QUIET)
+    if(_nccl_py)
+      list(APPEND _nccl_hints ${_nccl_py}/include)
+    endif()
+  endif()
+  find_path(FLEXCP_NCCL_INCLUDE nccl.h HINTS ${_nccl_hints}
+            DOC "Folder holding nccl.h (the nccl communicator)")
+  if(NOT FLEXCP_NCCL_INCLUDE)
+    message(FATAL_ERROR "nccl.h not found (looked in ${_nccl_hints}). Install NCCL (NVIDIA's "
+                        "libnccl-dev, or `pip install nvidia-nccl-cu13`), pass "
+                        "-DFLEXCP_NCCL_INCLUDE=<dir>, or configure with -DFLEXCP_CUDA=OFF.")
+  endif()
+endif()

@@ -12,6 +12,8 @@ const std::vector<EnvVar>& env_vars() {
   static const std::vector<EnvVar> vars = {
       {"FLEXCP_COMM_TIMEOUT_S", "120",
        "Seconds a communication wait may last before it fails with a communication error"},
+      {"FLEXCP_NCCL_LIB", "libnccl.so.2",
+       "The NCCL library the nccl communicator loads (a name the loader finds, or a path)"},
   };
   return vars;
 }
