@@ -5,8 +5,8 @@
 // its handle. A wait that outlasts the timeout throws Error(kCommError) instead of hanging.
 #pragma once
 
-#include <cstddef>
 #include <array>
+#include <cstddef>
 #include <cstdint>
 #include <memory>
 #include <vector>
@@ -109,9 +109,8 @@ FLEXCP_API NcclUniqueId make_nccl_unique_id();
 // NCCL over `size` ranks from an id the caller distributed (e.g. over torch.distributed). NCCL is
 // loaded at run time (libnccl.so.2, the CUDA toolkit's or the one beside PyTorch; FLEXCP_NCCL_LIB
 // names another); one rank per GPU. A build without CUDA throws Error(kNotCompiled).
-FLEXCP_API std::unique_ptr<Communicator> make_nccl_communicator(const NcclUniqueId& id, int rank,
-                                                                int size,
-                                                                const DeviceCommOptions& options = {});
+FLEXCP_API std::unique_ptr<Communicator> make_nccl_communicator(
+    const NcclUniqueId& id, int rank, int size, const DeviceCommOptions& options = {});
 // The same, bootstrapped over `bootstrap` (e.g. MPI): rank 0 makes the id, all-gathered to all.
 FLEXCP_API std::unique_ptr<Communicator> make_nccl_communicator(
     Communicator& bootstrap, const DeviceCommOptions& options = {});

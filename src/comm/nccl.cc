@@ -229,12 +229,11 @@ class NcclCommunicator final : public Communicator {
   void all_gather(const void* mine, std::size_t bytes, void* all) override {
     all_gather_v(mine, std::vector<std::size_t>(s_->size, bytes), all);
   }
-  void all_gather_v(const void* mine, const std::vector<std::size_t>& counts,
-                    void* all) override {
+  void all_gather_v(const void* mine, const std::vector<std::size_t>& counts, void* all) override {
     if (counts.size() != static_cast<std::size_t>(s_->size))
       throw Error(Status::kInvalidArgument,
-                  "flexcp: NCCL all_gather_v: " + std::to_string(counts.size()) +
-                      " counts for " + std::to_string(s_->size) + " ranks");
+                  "flexcp: NCCL all_gather_v: " + std::to_string(counts.size()) + " counts for " +
+                      std::to_string(s_->size) + " ranks");
     std::vector<std::size_t> offset(s_->size + 1, 0);
     for (int r = 0; r < s_->size; ++r) offset[r + 1] = offset[r] + counts[r];
     const cuda::DeviceGuard guard(s_->device, "flexcp: NCCL communicator");
@@ -244,9 +243,9 @@ class NcclCommunicator final : public Communicator {
     auto* base = static_cast<unsigned char*>(buf);
     const std::size_t me = counts[s_->rank];
     if (me > 0)
-      cuda::check(cudaMemcpyAsync(base + offset[s_->rank], mine, me, cudaMemcpyHostToDevice,
-                                  s_->stream),
-                  "flexcp: NCCL all_gather_v", "copying this rank's piece");
+      cuda::check(
+          cudaMemcpyAsync(base + offset[s_->rank], mine, me, cudaMemcpyHostToDevice, s_->stream),
+          "flexcp: NCCL all_gather_v", "copying this rank's piece");
     std::vector<SendOp> sends;
     std::vector<RecvOp> recvs;
     for (int r = 0; r < s_->size; ++r) {

@@ -64,8 +64,8 @@ class StagedHandle final : public CommHandle {
     auto s = static_cast<cudaStream_t>(stream);
     for (std::size_t i = 0; i < recvs_.size(); ++i)
       if (recvs_[i].bytes > 0)
-        cuda::check(cudaMemcpyAsync(recvs_[i].data, staging_->data() + offsets_[i],
-                                    recvs_[i].bytes, cudaMemcpyHostToDevice, s),
+        cuda::check(cudaMemcpyAsync(recvs_[i].data, staging_->data() + offsets_[i], recvs_[i].bytes,
+                                    cudaMemcpyHostToDevice, s),
                     kFn, "copying received data to the device");
     // The staging memory is freed only once these copies have read it (the destructor waits).
     cuda::check(cudaEventCreateWithFlags(&copied_, cudaEventDisableTiming), kFn,
@@ -132,8 +132,7 @@ class StagedCommunicator final : public Communicator {
   void all_gather(const void* mine, std::size_t bytes, void* all) override {
     host_.all_gather(mine, bytes, all);
   }
-  void all_gather_v(const void* mine, const std::vector<std::size_t>& counts,
-                    void* all) override {
+  void all_gather_v(const void* mine, const std::vector<std::size_t>& counts, void* all) override {
     host_.all_gather_v(mine, counts, all);
   }
   void barrier() override { host_.barrier(); }

@@ -25,9 +25,9 @@ Communicator* g_device = nullptr;  // the backend under test
 std::string g_backend;
 std::string g_skip;  // why the tests skip (no GPU)
 
-#define SKIP_WITHOUT_DEVICE()                          \
-  do {                                                 \
-    if (!g_skip.empty()) GTEST_SKIP() << g_skip;       \
+#define SKIP_WITHOUT_DEVICE()                    \
+  do {                                           \
+    if (!g_skip.empty()) GTEST_SKIP() << g_skip; \
   } while (0)
 
 void ok(cudaError_t err) {
