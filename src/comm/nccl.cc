@@ -19,6 +19,7 @@
 #include <thread>
 #include <type_traits>
 
+#include "comm/device_comm.h"
 #include "core/env.h"
 #include "flexcp/comm.h"
 #include "flexcp/status.h"
@@ -144,7 +145,7 @@ class NcclHandle final : public CommHandle {
   std::size_t bytes_;
 };
 
-class NcclCommunicator final : public Communicator {
+class NcclCommunicator final : public comm_detail::DeviceCommunicator {
  public:
   NcclCommunicator(const NcclUniqueId& id, int rank, int size, const DeviceCommOptions& o)
       : s_(std::make_shared<NcclState>()) {
@@ -178,13 +179,6 @@ class NcclCommunicator final : public Communicator {
 
   int rank() const override { return s_->rank; }
   int size() const override { return s_->size; }
-  Device memory() const override { return Device::kCuda; }
-
-  std::unique_ptr<CommHandle> start(const std::vector<SendOp>& sends,
-                                    const std::vector<RecvOp>& recvs) override {
-    return start_on(nullptr, sends, recvs);
-  }
-
   std::unique_ptr<CommHandle> start_on(void* stream, const std::vector<SendOp>& sends,
                                        const std::vector<RecvOp>& recvs) override {
     if (!s_->failure.empty()) throw Error(Status::kCommError, s_->failure);

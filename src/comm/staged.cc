@@ -11,6 +11,7 @@
 #include <utility>
 #include <vector>
 
+#include "comm/device_comm.h"
 #include "flexcp/comm.h"
 #include "flexcp/status.h"
 #include "kernels/cuda/runtime.h"
@@ -84,7 +85,7 @@ class StagedHandle final : public CommHandle {
   cudaEvent_t copied_ = nullptr;
 };
 
-class StagedCommunicator final : public Communicator {
+class StagedCommunicator final : public comm_detail::DeviceCommunicator {
  public:
   StagedCommunicator(Communicator& host, int device) : host_(host), device_(device) {
     if (host.memory() != Device::kCpu)
@@ -94,13 +95,6 @@ class StagedCommunicator final : public Communicator {
   }
   int rank() const override { return host_.rank(); }
   int size() const override { return host_.size(); }
-  Device memory() const override { return Device::kCuda; }
-
-  std::unique_ptr<CommHandle> start(const std::vector<SendOp>& sends,
-                                    const std::vector<RecvOp>& recvs) override {
-    return start_on(nullptr, sends, recvs);
-  }
-
   std::unique_ptr<CommHandle> start_on(void* stream, const std::vector<SendOp>& sends,
                                        const std::vector<RecvOp>& recvs) override {
     const cuda::DeviceGuard guard(device_, kFn);
