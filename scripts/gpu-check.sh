@@ -5,7 +5,9 @@
 # benchmark against the peers. Writes its logs under the folder given (default gpu-results/).
 #   scripts/gpu-check.sh OUT [bench lengths...]       e.g. scripts/gpu-check.sh "$OUT" 1024 32768
 # The bench's environment passes through (BACKWARD=1, MASKS=..., see bench/gpu_bench.sh);
-# PYTEST=0 leaves out the Python suite (3-4 minutes of a call, for a kernel-only iteration).
+# PYTEST=0 leaves out the Python suite (3-4 minutes of a call, for a kernel-only iteration);
+# SANITIZE=0 leaves out compute-sanitizer (6 minutes since the backward's split units: run it once
+# per kernel change, not every call).
 # The device image has every build dependency but CUTLASS: carry .deps/cutlass (docs/gpu-host.md).
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -56,7 +58,9 @@ else
 fi
 
 t0=$SECONDS
-for tool in memcheck racecheck; do
+tools=(memcheck racecheck)
+[[ ${SANITIZE:-1} != 0 ]] || tools=()
+for tool in "${tools[@]}"; do
   compute-sanitizer --tool "$tool" --error-exitcode 3 build/gpu/tests/cuda_tests \
     --gtest_filter='Sm90*.*FullyMaskedRowsAndEmptyMasks' > "$out/sanitizer.log" 2>&1
   src=$?
