@@ -1,12 +1,18 @@
 """flexcp's Hopper kernels and their peers on the DESIGN §6 kernel protocol, in one run on the GPU
 host: `flexcp bench --device cuda` (every mask), torch SDPA (cuDNN and flash backends, on full and
-causal) and compiled FlexAttention (every mask). The figure that matters is the ratio. With
---backward, the backward too (each peer's backward on its own forward's output, timed alone:
-autograd.grad with the graph kept), counted as 2.5x the forward's flops.
+causal), compiled FlexAttention (every mask; its FLASH backend too where FlashAttention-4 is
+installed) and FlashAttention-4 (`flash_attn.cute`, on every mask it can express: full, causal,
+and documents with full, causal or sliding-window attention inside each). The figure that matters
+is the ratio. With --backward, the backward and fwd+bwd too (each peer's backward on its own
+forward's output), counted as 2.5x and 3.5x the forward's flops.
 
 Masks come from flexcp itself (`flexcp mask ... --out m.json`), so the peers compute exactly the
 pairs flexcp does; TFLOPS count attended pairs only (forward 4 * area * D * Hq). Each row of these
-masks attends at most two key intervals, which is what the FlexAttention mask_mod encodes.
+masks attends at most two key intervals, which is what the FlexAttention mask_mod encodes; an
+FA4 parameterisation is used only where it reproduces every row's interval exactly.
+
+Every peer is timed as flexcp's tool times itself: back-to-back calls between CUDA events (no
+cache flush between them), so that host launch cost counts the same for all; median of rounds.
 
     python3 bench/gpu_attention_bench.py --flexcp CLI --specs DIR --out DIR
         (DIR holds <mask>-<T>.json files; bench/gpu_bench.sh writes them)
@@ -15,15 +21,22 @@ import argparse
 import glob
 import json
 import os
+import statistics
 import subprocess
 import sys
 
 import numpy as np
 import torch
 import torch.nn.functional as F
-import triton.testing
 from torch.nn.attention import SDPBackend, sdpa_kernel
 from torch.nn.attention.flex_attention import create_block_mask, flex_attention
+
+try:  # FlashAttention-4 (bench/README.md says how to install it on the GPU host)
+    from flash_attn.cute import flash_attn_func, flash_attn_varlen_func
+except ImportError:
+    flash_attn_func = flash_attn_varlen_func = None
+
+FLOP_RATIO = {"fwd": 1.0, "bwd": 2.5, "fwd+bwd": 3.5}  # per direction, over the forward's flops
 
 
 def row_intervals(spec):
@@ -51,24 +64,71 @@ def row_intervals(spec):
     lo[:, swap], hi[:, swap] = lo[::-1, swap], hi[::-1, swap]
     join = (used == 2) & (hi[0] == lo[1])
     hi[0, join], lo[1, join], hi[1, join] = hi[1, join], 0, 0
-    area = int((hi - lo).sum())
-    return lo, hi, area
+    return lo, hi, int((hi - lo).sum())
 
 
-def tflops(area, d, hq, ms):
-    return 4.0 * area * d * hq / (ms * 1e-3) / 1e12
+def fa4_form(lo, hi):
+    """The FlashAttention-4 call that computes exactly these pairs, or None: documents (the rows
+    that attend from themselves on, or a run of rows sharing one interval) with full, causal or
+    sliding-window (window_size=(left, 0)) attention inside each."""
+    t = lo.shape[1]
+    if hi[1].any() or not (hi[0] > lo[0]).all():
+        return None  # two intervals in a row, or a row attending nothing
+    rows = np.arange(t)
+    if (hi[0] == rows + 1).all():  # causal family: a document starts where a row attends itself
+        starts = rows[lo[0] == rows]
+        doc_start = starts[np.searchsorted(starts, rows, side="right") - 1]
+        left = int((rows - lo[0]).max())
+        expect = np.maximum(doc_start, rows - left)
+        doc_len = np.diff(np.append(starts, t))
+        window = None if left + 1 >= doc_len.max() else (left, 0)
+        form = {"causal": window is None, "window_size": window or (None, None)}
+    else:  # full documents: runs of rows with the same interval, covering exactly themselves
+        starts = rows[np.append(True, (lo[0][1:] != lo[0][:-1]) | (hi[0][1:] != hi[0][:-1]))]
+        doc_start = starts[np.searchsorted(starts, rows, side="right") - 1]
+        expect = doc_start
+        ends = np.append(starts[1:], t)
+        if not (hi[0] == ends[np.searchsorted(starts, rows, side="right") - 1]).all():
+            return None
+        form = {"causal": False, "window_size": (None, None)}
+    if not (lo[0] == expect).all():
+        return None
+    form["cu_seqlens"] = np.append(starts, t).astype(np.int32)
+    return form
 
 
-def bench(fn):
-    return triton.testing.do_bench(fn, warmup=25, rep=100, return_mode="median")
+def time_ms(fn, rounds=7, calls=5):
+    """Median milliseconds per call of fn over rounds of back-to-back calls."""
+    for _ in range(3):
+        fn()
+    torch.cuda.synchronize()
+    per_call = []
+    for _ in range(rounds):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        for _ in range(calls):
+            fn()
+        end.record()
+        end.synchronize()
+        per_call.append(start.elapsed_time(end) / calls)
+    return statistics.median(per_call)
 
 
-BWD_RATIO = 2.5  # backward flops / forward flops
+def time_directions(fn, inputs, backward):
+    """{"fwd": ms, "bwd": ms, "fwd+bwd": ms} of out = fn(*inputs) (the backward on its own
+    forward's output, the graph kept)."""
+    ms = {"fwd": time_ms(lambda: fn(*inputs))}
+    if backward:
+        xs = [x.detach().requires_grad_() for x in inputs]
+        out = fn(*xs)
+        dout = torch.randn_like(out)
+        ms["bwd"] = time_ms(lambda: torch.autograd.grad(out, xs, dout, retain_graph=True))
+        ms["fwd+bwd"] = time_ms(lambda: torch.autograd.grad(fn(*xs), xs, dout))
+    return ms
 
 
 def flexcp_ms(cli, spec_path, a):
-    """Median milliseconds of flexcp per direction ("fwd", "bwd", "fwd+bwd"), timed by the tool
-    with CUDA events."""
+    """Median milliseconds of flexcp per direction, timed by the tool with CUDA events."""
     cmd = [cli, "bench", "--device", "cuda", "--mask-file", spec_path, "--heads", str(a.heads),
            "--heads-kv", str(a.heads_kv), "--head-dim", str(a.head_dim), "--dtype", "bf16",
            "--json", "--warmup", "2", "--repeat", "7"] + (["--backward"] if a.backward else [])
@@ -79,16 +139,22 @@ def flexcp_ms(cli, spec_path, a):
             for r in json.loads(res.stdout.strip().splitlines()[-1])}
 
 
-def bench_backward(fn, q, k, v):
-    """Median milliseconds of the backward of fn(q, k, v) alone."""
-    xs = [x.detach().requires_grad_() for x in (q, k, v)]
-    out = fn(*xs)
-    dout = torch.randn_like(out)
-    return bench(lambda: torch.autograd.grad(out, xs, dout, retain_graph=True))
-
-
-def ratio(r, a, b):
-    return "%.2f" % (r[a] / r[b]) if a in r and b in r else "-"
+def fa4_peer(form, q, k, v):
+    """(fn, inputs, to_common) for FA4, which takes (B, T, H, D) (and (T, H, D) for documents):
+    its inputs are copied into its own layout once, outside the timing."""
+    opts = {"causal": form["causal"], "window_size": form["window_size"]}
+    cu = torch.tensor(form["cu_seqlens"], device="cuda")
+    longest = int(np.diff(form["cu_seqlens"]).max())
+    first = lambda r: r[0] if isinstance(r, tuple) else r
+    if len(cu) == 2:
+        inputs = tuple(x.transpose(1, 2).contiguous() for x in (q, k, v))
+        return (lambda q_, k_, v_: first(flash_attn_func(q_, k_, v_, **opts)), inputs,
+                lambda o: o.transpose(1, 2))
+    inputs = tuple(x[0].transpose(0, 1).contiguous() for x in (q, k, v))
+    fn = lambda q_, k_, v_: first(flash_attn_varlen_func(
+        q_, k_, v_, cu_seqlens_q=cu, cu_seqlens_k=cu, max_seqlen_q=longest, max_seqlen_k=longest,
+        **opts))
+    return fn, inputs, lambda o: o.transpose(0, 1)[None]
 
 
 def main():
@@ -99,22 +165,26 @@ def main():
     p.add_argument("--heads", type=int, default=64)
     p.add_argument("--heads-kv", type=int, default=8)
     p.add_argument("--head-dim", type=int, default=128)
-    p.add_argument("--backward", action="store_true", help="time the backward too")
+    p.add_argument("--backward", action="store_true", help="time the backward and fwd+bwd too")
     a = p.parse_args()
     torch.manual_seed(0)
     dev = "cuda"
     flex = torch.compile(flex_attention, dynamic=False)
+    directions = ["fwd"] + (["bwd", "fwd+bwd"] if a.backward else [])
+    peers_seen = []
     rows = []
     for path in sorted(glob.glob(os.path.join(a.specs, "*.json"))):
         name = os.path.basename(path)[:-5]
         spec = json.load(open(path))
         t = spec["seqlen_q"]
         lo, hi, area = row_intervals(spec)
-        lo_t = torch.tensor(lo, dtype=torch.int32, device=dev)
-        hi_t = torch.tensor(hi, dtype=torch.int32, device=dev)
+        # One 1-D tensor per bound: FlexAttention's FLASH backend traces the mask_mod with the CuTe
+        # DSL, which indexes captured tensors by the q index only.
+        lo0, lo1, hi0, hi1 = (torch.tensor(x, dtype=torch.int32, device=dev)
+                              for x in (lo[0], lo[1], hi[0], hi[1]))
 
         def mask_mod(b, h, q, kv):
-            return ((kv >= lo_t[0, q]) & (kv < hi_t[0, q])) | ((kv >= lo_t[1, q]) & (kv < hi_t[1, q]))
+            return ((kv >= lo0[q]) & (kv < hi0[q])) | ((kv >= lo1[q]) & (kv < hi1[q]))
 
         shape_q, shape_kv = (1, a.heads, t, a.head_dim), (1, a.heads_kv, t, a.head_dim)
         q = torch.randn(shape_q, device=dev, dtype=torch.bfloat16)
@@ -123,70 +193,82 @@ def main():
         # Past 32K the eager block mask would materialise T x T booleans (128 GiB at 128K);
         # compiled, it is built block by block.
         block_mask = create_block_mask(mask_mod, 1, 1, t, t, device=dev, _compile=t > 32768)
-        row = {"mask": name, "seqlen": t, "area": area}
-        times = flexcp_ms(a.flexcp, path, a)
-        row["flexcp_ms"] = times["fwd"]
-        out_flex = flex(q, k, v, block_mask=block_mask, enable_gqa=True)
-        row["flex_ms"] = bench(lambda: flex(q, k, v, block_mask=block_mask, enable_gqa=True))
-        if a.backward:
-            row["flexcp_bwd_ms"] = times["bwd"]
-            row["flex_bwd_ms"] = bench_backward(
-                lambda *x: flex(*x, block_mask=block_mask, enable_gqa=True), q, k, v)
+        row = {"mask": name, "seqlen": t, "area": area, "ms": {}, "errors": {}, "max_diff": {}}
+        row["ms"]["flexcp"] = flexcp_ms(a.flexcp, path, a)
+
+        def flex_with(options):
+            return lambda q_, k_, v_: flex(q_, k_, v_, block_mask=block_mask, enable_gqa=True,
+                                           kernel_options=options)
+        same = lambda o: o
+        # (peer, fn, inputs, to_common): out = fn(*inputs), to_common(out) as (1, Hq, T, D).
+        peers = [("flex", flex_with(None), (q, k, v), same)]
+        if flash_attn_func is not None:
+            peers.append(("flex-flash", flex_with({"BACKEND": "FLASH"}), (q, k, v), same))
+            form = fa4_form(lo, hi)
+            if form is not None:
+                peers.append(("fa4", *fa4_peer(form, q, k, v)))
         kind = spec["slices"][0]["type"] if len(spec["slices"]) == 1 else None
         if kind in ("full", "causal") and spec["slices"][0]["q"] == [0, t] and spec["slices"][0]["k"] == [0, t]:
             rep = a.heads // a.heads_kv
             ke, ve = k.repeat_interleave(rep, dim=1), v.repeat_interleave(rep, dim=1)
             for backend, label in ((SDPBackend.CUDNN_ATTENTION, "cudnn"), (SDPBackend.FLASH_ATTENTION, "flash")):
-                try:
+                def sdpa(q_, k_, v_, backend=backend):
                     with sdpa_kernel([backend]):
-                        ref = F.scaled_dot_product_attention(q, ke, ve, is_causal=kind == "causal")
-                        row[label + "_ms"] = bench(lambda: F.scaled_dot_product_attention(q, ke, ve, is_causal=kind == "causal"))
-                        if a.backward:
-                            row[label + "_bwd_ms"] = bench_backward(
-                                lambda *x: F.scaled_dot_product_attention(*x, is_causal=kind == "causal"),
-                                q, ke, ve)
-                    # The mask_mod encodes the same pairs: FlexAttention agrees with SDPA.
-                    row[label + "_vs_flex"] = float((ref.float() - out_flex.float()).abs().max())
-                except Exception as e:  # a backend that cannot run this shape
-                    row[label + "_error"] = f"{type(e).__name__}: {e}".splitlines()[0][:120]
-        for key in [k_ for k_ in list(row) if k_.endswith("_ms")]:
-            mul = BWD_RATIO if key.endswith("_bwd_ms") else 1.0
-            row[key.replace("_ms", "_tflops")] = mul * tflops(area, a.head_dim, a.heads, row[key])
-        print("[case] mask=%s T=%d H=%d HK=%d D=%d [result] %s" % (
+                        return F.scaled_dot_product_attention(q_, k_, v_, is_causal=kind == "causal")
+                peers.append((label, sdpa, (q, ke, ve), same))
+        reference = None  # the first peer's output: the others must agree with it
+        for label, fn, inputs, to_common in peers:
+            try:
+                out = to_common(fn(*inputs))
+                if reference is None:
+                    reference = out
+                row["max_diff"][label] = float((out.float() - reference.float()).abs().max())
+                row["ms"][label] = time_directions(fn, inputs, a.backward)
+            except Exception as e:  # a peer that cannot run this shape
+                row["errors"][label] = f"{type(e).__name__}: {e}".splitlines()[0][:160]
+            if label not in peers_seen:
+                peers_seen.append(label)
+        row["tflops"] = {
+            who: {d: FLOP_RATIO[d] * 4.0 * area * a.head_dim * a.heads / (ms[d] * 1e-3) / 1e12
+                  for d in ms} for who, ms in row["ms"].items()}
+        print("[case] mask=%s T=%d H=%d HK=%d D=%d [result] %s%s" % (
             name, t, a.heads, a.heads_kv, a.head_dim,
-            " ".join(f"{k_}={row[k_]:.1f}" for k_ in row if k_.endswith("_tflops"))), flush=True)
+            " ".join(f"{who}.{d}={v_:.1f}" for who, per in row["tflops"].items()
+                     for d, v_ in per.items()),
+            "".join(f" [error] {who}: {e}" for who, e in row["errors"].items())), flush=True)
         rows.append(row)
     os.makedirs(a.out, exist_ok=True)
     meta = {"gpu": torch.cuda.get_device_name(), "torch": torch.__version__,
-            "heads": a.heads, "heads_kv": a.heads_kv, "head_dim": a.head_dim, "dtype": "bf16"}
+            "heads": a.heads, "heads_kv": a.heads_kv, "head_dim": a.head_dim, "dtype": "bf16",
+            "fa4": flash_attn_func is not None}
     tag = f"h{a.heads}-{a.heads_kv}-d{a.head_dim}"
     json.dump({"meta": meta, "rows": rows}, open(os.path.join(a.out, f"gpu_bench_{tag}.json"), "w"), indent=1)
-    with open(os.path.join(a.out, f"gpu_bench_{tag}.md"), "w") as md:
-        md.write(f"# flexcp forward and peers ({meta['gpu']}, torch {meta['torch']}, bf16, H={a.heads} HK={a.heads_kv} D={a.head_dim})\n\n")
-        md.write("| mask | T | area | flexcp TFLOPS | cuDNN | flash | FlexAttention | flexcp/cuDNN | flexcp/flash | flexcp/Flex |\n"
-                 "|---|---|---|---|---|---|---|---|---|---|\n")
-        for r in sorted(rows, key=lambda r: (r["mask"].rsplit("-", 1)[0], r["seqlen"])):
-            md.write("| %s | %d | %d | %.1f | %s | %s | %.1f | %s | %s | %s |\n" % (
-                r["mask"].rsplit("-", 1)[0], r["seqlen"], r["area"], r["flexcp_tflops"],
-                "%.1f" % r["cudnn_tflops"] if "cudnn_tflops" in r else "-",
-                "%.1f" % r["flash_tflops"] if "flash_tflops" in r else "-",
-                r["flex_tflops"], ratio(r, "flexcp_tflops", "cudnn_tflops"),
-                ratio(r, "flexcp_tflops", "flash_tflops"), ratio(r, "flexcp_tflops", "flex_tflops")))
-    if not a.backward:
-        return 0
-    with open(os.path.join(a.out, f"gpu_bench_bwd_{tag}.md"), "w") as md:
-        md.write(f"# flexcp backward and peers ({meta['gpu']}, torch {meta['torch']}, bf16, H={a.heads} HK={a.heads_kv} D={a.head_dim}; 2.5x forward flops)\n\n")
-        md.write("| mask | T | flexcp bwd TFLOPS | cuDNN | flash | FlexAttention | flexcp/cuDNN | flexcp/flash | flexcp/Flex |\n"
-                 "|---|---|---|---|---|---|---|---|---|\n")
-        fmt = lambda r, key: "%.1f" % r[key] if key in r else "-"
-        for r in sorted(rows, key=lambda r: (r["mask"].rsplit("-", 1)[0], r["seqlen"])):
-            md.write("| %s | %d | %s | %s | %s | %s | %s | %s | %s |\n" % (
-                r["mask"].rsplit("-", 1)[0], r["seqlen"], fmt(r, "flexcp_bwd_tflops"),
-                fmt(r, "cudnn_bwd_tflops"), fmt(r, "flash_bwd_tflops"), fmt(r, "flex_bwd_tflops"),
-                ratio(r, "flexcp_bwd_tflops", "cudnn_bwd_tflops"),
-                ratio(r, "flexcp_bwd_tflops", "flash_bwd_tflops"),
-                ratio(r, "flexcp_bwd_tflops", "flex_bwd_tflops")))
+    for d in directions:
+        write_table(os.path.join(a.out, f"gpu_bench_{d.replace('+', '')}_{tag}.md"), d, meta,
+                    rows, peers_seen)
     return 0
+
+
+def write_table(path, direction, meta, rows, peers):
+    """One Markdown table per direction: TFLOPS of flexcp and every peer, and flexcp's ratios."""
+    fmt = lambda r, who: "%.1f" % r["tflops"][who][direction] if direction in r["tflops"].get(who, {}) else "-"
+    ratio = lambda r, who: ("%.2f" % (r["tflops"]["flexcp"][direction] / r["tflops"][who][direction])
+                            if direction in r["tflops"].get(who, {}) else "-")
+    with open(path, "w") as md:
+        md.write(f"# flexcp {direction} and peers ({meta['gpu']}, torch {meta['torch']}, bf16, "
+                 f"H={meta['heads']} HK={meta['heads_kv']} D={meta['head_dim']}; TFLOPS at "
+                 f"{FLOP_RATIO[direction]}x the forward's flops)\n\n")
+        md.write("| mask | T | flexcp | " + " | ".join(peers) + " | " +
+                 " | ".join(f"/{who}" for who in peers) + " |\n")
+        md.write("|---" * (3 + 2 * len(peers)) + "|\n")
+        for r in sorted(rows, key=lambda r: (r["mask"].rsplit("-", 1)[0], r["seqlen"])):
+            md.write("| %s | %d | %s | %s | %s |\n" % (
+                r["mask"].rsplit("-", 1)[0], r["seqlen"], fmt(r, "flexcp"),
+                " | ".join(fmt(r, who) for who in peers), " | ".join(ratio(r, who) for who in peers)))
+        errors = [(r["mask"], who, e) for r in rows for who, e in r["errors"].items()]
+        if errors:
+            md.write("\nPeers that could not run: " +
+                     "; ".join(f"{m} {who} ({e})" for m, who, e in errors) + "\n")
 
 
 if __name__ == "__main__":

@@ -4,6 +4,8 @@
 # the GPU. Builds build/gpu first when needed. Writes one report per case under the folder given,
 # plus the tensor-pipe metrics this ncu knows.
 #   scripts/gpu-profile.sh OUT            BACKWARD=1 scripts/gpu-profile.sh OUT
+# CASES names the cases to run (default: all three); SOURCE=1 adds the per-instruction stall
+# samples (SourceCounters) and prints the hottest SASS lines (scripts/ncu-hot-sass.py).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 out=${1:?output folder}
@@ -23,15 +25,25 @@ metrics=$(sed 's/$/.avg.pct_of_peak_sustained_active/' "$out/tensor-metrics.txt"
 
 kernel=fwd_kernel direction=()
 [[ -n "${BACKWARD:-}" ]] && kernel=bwd_kernel direction=(--backward)
+source=()
+[[ -n "${SOURCE:-}" ]] && source=(--section SourceCounters --import-source no)
 profile() {
   local name=$1
   shift
+  [[ " ${CASES:-$name} " == *" $name "* ]] || return 0
+  local log=$out/ncu-$kernel-$name.txt
   ncu --clock-control none --kernel-name regex:$kernel --launch-skip 1 --launch-count 1 \
     --section SpeedOfLight --section ComputeWorkloadAnalysis --section MemoryWorkloadAnalysis \
-    --section SchedulerStats --section WarpStateStats ${metrics:+--metrics "$metrics"} \
+    --section SchedulerStats --section WarpStateStats "${source[@]}" \
+    ${metrics:+--metrics "$metrics"} ${source:+--export "$out/$name" --force-overwrite} \
     "$cli" bench --device cuda --heads 64 --heads-kv 8 --head-dim 128 --warmup 1 --repeat 1 \
-    "${direction[@]}" "$@" \
-    > "$out/ncu-$kernel-$name.txt" 2>&1 || echo "==ERROR ncu exited with $?" >> "$out/ncu-$kernel-$name.txt"
+    "${direction[@]}" "$@" > "$log" 2>&1 || echo "==ERROR ncu exited with $?" >> "$log"
+  if [[ -n "${SOURCE:-}" && -f "$out/$name.ncu-rep" ]]; then
+    ncu --import "$out/$name.ncu-rep" >> "$log" 2>&1  # the sections' details, as without export
+    ncu --import "$out/$name.ncu-rep" --page source --csv --print-source sass 2>&1 |
+      python3 scripts/ncu-hot-sass.py 45 > "$out/hot-sass-$kernel-$name.txt" 2>&1
+    rm -f "$out/$name.ncu-rep"  # large; the hot lines are what comes back
+  fi
 }
 profile full-16k --mask full --seqlen 16384
 profile swa1024-32k --mask sliding-window --window 1024 --seqlen 32768 "${docs[@]}"
