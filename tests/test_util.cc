@@ -250,6 +250,16 @@ std::vector<int> replay_work_list(const WorkList& list, const Mask& mask, bool r
   return seen;
 }
 
+Tensor rounded_to(const Tensor& t, DType dtype) {
+  Tensor r;
+  r.bytes.assign(static_cast<std::size_t>(t.numel()) * dtype_size(dtype), 0);
+  r.view = t.view;
+  r.view.data = r.bytes.data();
+  r.view.dtype = dtype;
+  for (std::int64_t i = 0; i < t.numel(); ++i) r.set(i, t.get(i));
+  return r;
+}
+
 Tensor as_fp64(const Tensor& t) {
   Tensor out(DType::kFloat64, {});
   out.bytes.resize(t.numel() * sizeof(double));

@@ -65,6 +65,8 @@ Tensor naive_dsink(const TensorView& dout, const Tensor& naive_out, const Tensor
 
 // The same values (and shape) as a float64 tensor, for comparing with references.
 Tensor as_fp64(const Tensor& t);
+// t's values rounded to dtype (to nearest even), as a kernel's store rounds its fp32 sums.
+Tensor rounded_to(const Tensor& t, DType dtype);
 
 // max |a - b| over elements, with -inf == -inf counted as 0 and NaN as infinity.
 double max_abs_diff(const Tensor& a, const Tensor& b);

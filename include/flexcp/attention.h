@@ -37,7 +37,10 @@ FLEXCP_API void forward(const AttentionPlan& plan, const TensorView& q, const Te
                         const TensorView& v, const TensorView& out, const TensorView& lse,
                         const AttentionOptions& options = {});
 
-// Gradients of forward. out and lse are forward's outputs. dsink (fp32 [Hq], on q's device) is
+// Gradients of forward. out and lse are forward's outputs. dq has the input dtype; dk and dv
+// have it too, or are both fp32: then they receive the kernels' fp32 sums unrounded (for a caller
+// that adds them to other partial gradients; rounded to the input dtype they are the bits the
+// input dtype would have received). dsink (fp32 [Hq], on q's device) is
 // written when the options carry a sink and dsink is not empty. The plan must have been built for
 // the backward (AttentionPlanOptions). On the CPU the same inputs give the same bits; on the GPU
 // dK, dV and dsink do, and dQ is summed in fp32 in the order its parts arrive (within the

@@ -11,7 +11,14 @@
 //   attn.backward(c2, dout2, q2, out2, lse2, dq2, dk2, dv2);
 //   attn.backward(c1, dout1, q1, out1, lse1, dq1, dk1, dv1);
 //
-// Tensors are host memory (the GPU runtime is not built yet); a device tensor is an error.
+// Tensors live where options.plan.device says, and the communicator must move that memory: host
+// tensors over `local` or `mpi` (the CPU kernels, stage by stage), device tensors over `nccl` or
+// `staged` (flexcp/comm.h; CUDA builds). On device tensors every call is stream-ordered on the
+// forward's options.cuda_stream (its backward runs there too), the rank's work runs as one sm90
+// kernel plan over its own and received K/V columns once every stage's K/V has arrived (the
+// per-stage overlap is not built yet), dK/dV partials travel in fp32 and each owner adds them in a
+// fixed order and rounds once (deterministic), and DistStats carries the bytes (not yet the
+// per-stage timings). dispatch_* and undispatch_* take host tensors in both cases.
 #pragma once
 
 #include <cstdint>

@@ -118,7 +118,8 @@ class DistAttention:
         out, lse = attn(q_local, k_local, v_local)
         y_global = attn.undispatch(out)         # collective
 
-    Host (CPU) tensors over gloo: the GPU runtime (NCCL) is not built yet.
+    Host (CPU) tensors over gloo. (The C++ DistAttention also runs on device tensors over NCCL or
+    the staged backend; this class does not reach it yet.)
     """
 
     def __init__(self, mask, heads_q, heads_kv, head_dim, group=None, chunk_size=0,

@@ -238,8 +238,11 @@ CallShape check_backward(const ArgChecker& c, const AttentionShape& shape, const
     check_lse(c, "lse", lse, shape, DType::kFloat32);
   }
   check_like(c, "dq", dq, q, grad_dtype, "[Tq, Hq, D]");
-  check_like(c, "dk", dk, k, grad_dtype, "[Tk, Hk, D]");
-  check_like(c, "dv", dv, v, grad_dtype, "[Tk, Hk, D]");
+  // dK and dV may also be fp32 (both): the kernels' fp32 sums, unrounded, for a caller that adds
+  // them to other partial gradients (the distributed backward returns them to their owners).
+  const DType kv_grad_dtype = !reference && dk.dtype == DType::kFloat32 ? dk.dtype : grad_dtype;
+  check_like(c, "dk", dk, k, kv_grad_dtype, "[Tk, Hk, D]");
+  check_like(c, "dv", dv, v, kv_grad_dtype, "[Tk, Hk, D]");
   if (!dsink.empty()) {
     if (options.sink.empty()) c.fail("dsink was given but the options carry no sink");
     c.dims("dsink", dsink, 1, "[Hq]");

@@ -16,11 +16,14 @@
 #include "kernels/cpu/cpu_attention.h"
 #include "kernels/lse_merge.h"
 #include "runtime/comm_layout.h"
+#include "runtime/dist_impl.h"
 
 namespace flexcp {
 namespace {
 
+using runtime::Buffer;
 using runtime::CommLayout;
+using runtime::Exchanges;
 using runtime::Message;
 constexpr float kNegInf = -std::numeric_limits<float>::infinity();
 
@@ -41,24 +44,6 @@ struct Fingerprint {
   }
 };
 
-// A contiguous owned buffer with a [rows, heads(, dim)] view.
-struct Buffer {
-  std::vector<unsigned char> bytes;
-  TensorView view;
-  Buffer() = default;
-  Buffer(DType dtype, std::int64_t rows, std::int64_t heads, std::int64_t dim) {
-    bytes.assign(
-        static_cast<std::size_t>(std::max<std::int64_t>(rows * heads * dim, 1)) * dtype_size(dtype),
-        0);
-    view = make_view(bytes.data(), dtype, {rows, heads, dim});
-  }
-  float* f32() { return reinterpret_cast<float*>(bytes.data()); }
-  std::size_t row_bytes() const {
-    return static_cast<std::size_t>(view.strides[0]) * dtype_size(view.dtype);
-  }
-  unsigned char* row(std::int64_t r) { return bytes.data() + r * row_bytes(); }
-};
-
 // Every DistAttention gets its own number, so a context names the object it belongs to.
 std::uint64_t next_attention_id() {
   static std::atomic<std::uint64_t> next{1};
@@ -66,24 +51,6 @@ std::uint64_t next_attention_id() {
 }
 
 }  // namespace
-
-struct DistContext::State {
-  std::uint64_t owner = 0;        // the DistAttention that made it
-  Buffer k, v;                    // [own + received columns, Hk, D]: what the forward's work read
-  double scale = 0, softcap = 0;  // the forward's options, for its backward
-  std::vector<float> sink;        // a copy of its sink logits (empty: none)
-  DistStats stats;
-
-  AttentionOptions options() const {
-    AttentionOptions o;
-    o.scale = scale;
-    o.softcap = softcap;
-    if (!sink.empty())
-      o.sink = make_view(const_cast<float*>(sink.data()), DType::kFloat32,
-                         {static_cast<std::int64_t>(sink.size())});
-    return o;
-  }
-};
 
 DistContext::DistContext() = default;
 DistContext::DistContext(std::unique_ptr<State> state) : state_(std::move(state)) {}
@@ -99,87 +66,67 @@ const DistStats& DistContext::stats() const {
   return state_->stats;
 }
 
-struct DistAttention::Impl {
-  std::uint64_t id = next_attention_id();
-  Communicator* comm = nullptr;
-  Plan plan;
-  CommLayout layout;
-  std::int64_t heads_q = 0, heads_kv = 0, head_dim = 0;
-  DType dtype = DType::kFloat32;
-  std::vector<std::int64_t> positions;  // global q token of each local row
+struct DistAttention::Impl : runtime::DistCore {};
 
-  const RankPlan& me() const { return plan.rank; }
-  std::int64_t q_rows() const { return plan.rank.num_q_tokens; }
-  std::size_t kv_row_bytes() const {
-    return static_cast<std::size_t>(heads_kv * head_dim) * dtype_size(dtype);
-  }
+namespace runtime {
 
-  // Local shards: contiguous, this object's dtype, in host memory.
-  void check_local(const ArgChecker& c, const char* name, const TensorView& t, std::int64_t rows,
-                   std::int64_t heads) const {
-    c.tensor(name, t, {rows, heads, head_dim}, "[T_local, H, D]", dtype, Device::kCpu);
-    c.contiguous(name, t);
+Exchanges DistCore::kv_exchanges(unsigned char* k_cols, unsigned char* v_cols,
+                                 DistStats& stats) const {
+  const std::size_t row = kv_row_bytes();
+  Exchanges x(layout.exchanges);
+  for (std::size_t i = 0; i < me().sends.size(); ++i) {
+    const SendRange& s = me().sends[i];
+    const std::int64_t r = layout.own_row(s.tokens.begin);  // a piece's rows are neighbours
+    const std::size_t bytes = s.tokens.size() * row;
+    auto& to = x.sends[layout.send_stage[i]];
+    to.push_back({s.dest, k_cols + r * row, bytes, CommLayout::tag(s.index, Message::kK)});
+    to.push_back({s.dest, v_cols + r * row, bytes, CommLayout::tag(s.index, Message::kV)});
+    stats.fwd_bytes_sent += 2 * static_cast<std::int64_t>(bytes);
   }
-  void check_lse(const ArgChecker& c, const TensorView& lse) const {
-    c.tensor("lse", lse, {q_rows(), heads_q}, "[Tq_local, Hq]", DType::kFloat32, Device::kCpu);
-    c.contiguous("lse", lse);
+  for (std::size_t i = 0; i < me().recv.size(); ++i) {
+    const RemoteRange& r = me().recv[i];
+    const std::int64_t col = layout.recv_column[i];
+    const std::size_t bytes = r.tokens.size() * row;
+    x.recvs[r.stage].push_back(
+        {r.owner, k_cols + col * row, bytes, CommLayout::tag(r.index, Message::kK)});
+    x.recvs[r.stage].push_back(
+        {r.owner, v_cols + col * row, bytes, CommLayout::tag(r.index, Message::kV)});
   }
+  return x;
+}
 
-  CallShape stage_shape(int stage, double scale) const {
-    CallShape s;
-    static_cast<AttentionShape&>(s) = me().stage_plans[stage].shape();
-    s.scale = scale != 0 ? scale : 1.0 / std::sqrt(static_cast<double>(head_dim));
-    return s;
-  }
+std::int64_t DistCore::partial_row(std::size_t piece) const {
+  std::int64_t rows = 0;
+  for (std::size_t i = 0; i < piece; ++i) rows += 2 * me().sends[i].tokens.size();
+  return rows;
+}
 
-  // The per-call options: a finite scale, a softcap >= 0, a host fp32 [Hq] sink.
-  void check_options(const ArgChecker& c, const AttentionOptions& o) const {
-    if (!std::isfinite(o.scale))
-      c.fail("scale is " + std::to_string(o.scale) + ", expected a finite number");
-    if (!std::isfinite(o.softcap) || o.softcap < 0)
-      c.fail("softcap is " + std::to_string(o.softcap) + ", expected a finite number >= 0");
-    if (!o.sink.empty()) {
-      c.tensor("sink", o.sink, {heads_q}, "[Hq]", DType::kFloat32, Device::kCpu);
-      c.contiguous("sink", o.sink);
-    }
+Exchanges DistCore::grad_exchanges(unsigned char* dk_cols, unsigned char* dv_cols,
+                                   unsigned char* partials, DistStats& stats) const {
+  const std::size_t row = grad_row_bytes();
+  Exchanges x(layout.exchanges);
+  for (std::size_t i = 0; i < me().sends.size(); ++i) {
+    const SendRange& s = me().sends[i];
+    const std::size_t bytes = s.tokens.size() * row;
+    unsigned char* at = partials + partial_row(i) * row;
+    auto& from = x.recvs[layout.send_stage[i]];
+    from.push_back({s.dest, at, bytes, CommLayout::tag(s.index, Message::kGradK)});
+    from.push_back({s.dest, at + bytes, bytes, CommLayout::tag(s.index, Message::kGradV)});
   }
+  for (std::size_t i = 0; i < me().recv.size(); ++i) {
+    const RemoteRange& r = me().recv[i];
+    const std::int64_t col = layout.recv_column[i];
+    const std::size_t bytes = r.tokens.size() * row;
+    x.sends[r.stage].push_back(
+        {r.owner, dk_cols + col * row, bytes, CommLayout::tag(r.index, Message::kGradK)});
+    x.sends[r.stage].push_back(
+        {r.owner, dv_cols + col * row, bytes, CommLayout::tag(r.index, Message::kGradV)});
+    stats.bwd_bytes_sent += 2 * static_cast<std::int64_t>(bytes);
+  }
+  return x;
+}
 
-  // Group-cast of K/V into `k_cols`/`v_cols` ([total_columns, Hk, D]): own rows first, then each
-  // received piece at its column. Sends read the own rows there, so they are copied in first.
-  // One exchange per stage, the same sequence on every rank (flexcp/comm.h: exchanges match in
-  // order): exchange s sends the pieces their receivers consume in stage s and receives this
-  // rank's stage s. Returns handles[s] for s in [1, exchanges] (handles[0] is empty).
-  std::vector<std::unique_ptr<CommHandle>> start_kv_exchange(const TensorView& k,
-                                                             const TensorView& v, Buffer& k_cols,
-                                                             Buffer& v_cols, DistStats& stats) {
-    const std::size_t row = kv_row_bytes();
-    std::memcpy(k_cols.bytes.data(), k.data, layout.own_columns * row);
-    std::memcpy(v_cols.bytes.data(), v.data, layout.own_columns * row);
-    std::vector<std::vector<SendOp>> sends(layout.exchanges + 1);
-    for (std::size_t i = 0; i < me().sends.size(); ++i) {
-      const SendRange& s = me().sends[i];
-      const std::int64_t r = layout.own_row(s.tokens.begin);  // a piece's rows are neighbours
-      const std::size_t bytes = s.tokens.size() * row;
-      auto& to = sends[layout.send_stage[i]];
-      to.push_back({s.dest, k_cols.row(r), bytes, CommLayout::tag(s.index, Message::kK)});
-      to.push_back({s.dest, v_cols.row(r), bytes, CommLayout::tag(s.index, Message::kV)});
-      stats.fwd_bytes_sent += 2 * static_cast<std::int64_t>(bytes);
-    }
-    std::vector<std::vector<RecvOp>> recvs(layout.exchanges + 1);
-    for (std::size_t i = 0; i < me().recv.size(); ++i) {
-      const RemoteRange& r = me().recv[i];
-      const std::int64_t col = layout.recv_column[i];
-      const std::size_t bytes = r.tokens.size() * row;
-      recvs[r.stage].push_back(
-          {r.owner, k_cols.row(col), bytes, CommLayout::tag(r.index, Message::kK)});
-      recvs[r.stage].push_back(
-          {r.owner, v_cols.row(col), bytes, CommLayout::tag(r.index, Message::kV)});
-    }
-    std::vector<std::unique_ptr<CommHandle>> handles(layout.exchanges + 1);
-    for (int s = 1; s <= layout.exchanges; ++s) handles[s] = comm->start(sends[s], recvs[s]);
-    return handles;
-  }
-};
+}  // namespace runtime
 
 DistAttention::DistAttention(const Mask& mask, Communicator& comm, std::int64_t heads_q,
                              std::int64_t heads_kv, std::int64_t head_dim, DType dtype,
@@ -187,6 +134,7 @@ DistAttention::DistAttention(const Mask& mask, Communicator& comm, std::int64_t 
     : impl_(std::make_unique<Impl>()) {
   Impl& m = *impl_;
   const ArgChecker c("flexcp::DistAttention");
+  m.id = next_attention_id();
   m.comm = &comm;
   m.heads_q = heads_q;
   m.heads_kv = heads_kv;
@@ -197,10 +145,13 @@ DistAttention::DistAttention(const Mask& mask, Communicator& comm, std::int64_t 
            ", head_dim " + std::to_string(head_dim) +
            ": expected positive sizes with heads_q a multiple of heads_kv");
   if (dtype == DType::kFloat64) c.fail("dtype fp64: expected fp32, bf16 or fp16");
-  if (options.plan.device != Device::kCpu)
-    throw Error(Status::kNotCompiled,
-                "flexcp::DistAttention: plan.device is cuda; the GPU runtime is not built yet, "
-                "DistAttention runs on host memory (device cpu)");
+  m.device = options.plan.device;
+  m.device_index = options.plan.device_index;
+  auto memory = [](Device d) { return d == Device::kCuda ? "device" : "host"; };
+  if (m.device != comm.memory())
+    c.fail(std::string("plan.device is ") + (m.device == Device::kCuda ? "cuda" : "cpu") +
+           " but the communicator moves " + memory(comm.memory()) + " memory; expected " +
+           memory(m.device) + " memory (local or mpi for cpu, nccl or staged for cuda)");
   PlanOptions po = options.plan;
   po.world_size = comm.size();
   po.heads_q = heads_q;
@@ -216,7 +167,7 @@ DistAttention::DistAttention(const Mask& mask, Communicator& comm, std::int64_t 
   for (std::int64_t x :
        {heads_q, heads_kv, head_dim, po.chunk_size, po.chunks_per_rank,
         static_cast<std::int64_t>(dtype), static_cast<std::int64_t>(po.gpus_per_node),
-        static_cast<std::int64_t>(po.num_stages)})
+        static_cast<std::int64_t>(po.num_stages), static_cast<std::int64_t>(m.device)})
     fp.add(x);
   for (double x : {po.cost.kernel_tflops, po.cost.intra_node_gbps, po.cost.inter_node_gbps,
                    po.cost.stage_overhead_us})
@@ -234,6 +185,7 @@ DistAttention::DistAttention(const Mask& mask, Communicator& comm, std::int64_t 
   m.layout = runtime::make_comm_layout(m.plan.rank);
   runtime::learn_send_stages(m.layout, m.plan.rank, comm);
   m.positions = m.plan.dispatch.position_ids(comm.rank());
+  if (m.device == Device::kCuda) m.device_run = runtime::make_device_run(m);
 }
 
 DistAttention::~DistAttention() = default;
@@ -356,13 +308,19 @@ void DistAttention::gather_kv(const TensorView& k, const TensorView& v, const Te
   m.check_local(c, "v", v, m.layout.own_columns, m.heads_kv);
   m.check_local(c, "k_buffer", k_buffer, m.layout.total_columns, m.heads_kv);
   m.check_local(c, "v_buffer", v_buffer, m.layout.total_columns, m.heads_kv);
-  Buffer kc(m.dtype, m.layout.total_columns, m.heads_kv, m.head_dim),
-      vc(m.dtype, m.layout.total_columns, m.heads_kv, m.head_dim);
+  c.no_alias({{"k_buffer", &k_buffer}, {"v_buffer", &v_buffer}},
+             {{"k", &k}, {"v", &v}, {"k_buffer", &k_buffer}, {"v_buffer", &v_buffer}});
+  if (m.device == Device::kCuda) {
+    runtime::device_gather_kv(m, k, v, k_buffer, v_buffer);
+    return;
+  }
+  const std::size_t own = m.layout.own_columns * m.kv_row_bytes();
+  std::memcpy(k_buffer.data, k.data, own);
+  std::memcpy(v_buffer.data, v.data, own);
   DistStats stats;
-  auto handles = m.start_kv_exchange(k, v, kc, vc, stats);
-  for (int s = 1; s <= m.layout.exchanges; ++s) handles[s]->wait();
-  std::memcpy(k_buffer.data, kc.bytes.data(), m.layout.total_columns * m.kv_row_bytes());
-  std::memcpy(v_buffer.data, vc.bytes.data(), m.layout.total_columns * m.kv_row_bytes());
+  Exchanges x = m.kv_exchanges(static_cast<unsigned char*>(k_buffer.data),
+                               static_cast<unsigned char*>(v_buffer.data), stats);
+  for (int s = 1; s <= m.layout.exchanges; ++s) m.comm->start(x.sends[s], x.recvs[s])->wait();
 }
 
 DistContext DistAttention::forward(const TensorView& q, const TensorView& k, const TensorView& v,
@@ -385,6 +343,12 @@ DistContext DistAttention::forward(const TensorView& q, const TensorView& k, con
   state->owner = m.id;
   state->scale = options.scale;
   state->softcap = options.softcap;
+  state->deterministic = options.deterministic;
+  if (m.device == Device::kCuda) {
+    runtime::device_forward(m, *state, q, k, v, out, lse, options);
+    state->stats.forward_ms = ms_since(t_all);
+    return DistContext(std::move(state));
+  }
   if (!options.sink.empty())
     state->sink.assign(static_cast<const float*>(options.sink.data),
                        static_cast<const float*>(options.sink.data) + hq);
@@ -393,7 +357,12 @@ DistContext DistAttention::forward(const TensorView& q, const TensorView& k, con
   DistStats& stats = state->stats;
   const int stages = m.me().num_stages;
   stats.forward.assign(stages + 1, {});
-  auto handles = m.start_kv_exchange(k, v, state->k, state->v, stats);
+  // Sends read the own rows in the column buffers: copied in first.
+  std::memcpy(state->k.bytes.data(), k.data, m.layout.own_columns * m.kv_row_bytes());
+  std::memcpy(state->v.bytes.data(), v.data, m.layout.own_columns * m.kv_row_bytes());
+  Exchanges x = m.kv_exchanges(state->k.bytes.data(), state->v.bytes.data(), stats);
+  std::vector<std::unique_ptr<CommHandle>> handles(m.layout.exchanges + 1);
+  for (int s = 1; s <= m.layout.exchanges; ++s) handles[s] = m.comm->start(x.sends[s], x.recvs[s]);
 
   // Partial results of each stage merge into fp32 accumulators through their LSE; the sink joins
   // the denominator once, after the merge.
@@ -468,7 +437,7 @@ void DistAttention::backward(DistContext& context, const TensorView& dout, const
   const AttentionOptions options = ctx.options();
   if (!dsink.empty()) {
     if (options.sink.empty()) c.fail("dsink was given but its forward had no sink");
-    c.tensor("dsink", dsink, {hq}, "[Hq]", DType::kFloat32, Device::kCpu);
+    c.tensor("dsink", dsink, {hq}, "[Hq]", DType::kFloat32, m.device, m.device_index);
     c.contiguous("dsink", dsink);
   }
   c.no_alias({{"dq", &dq}, {"dk", &dk}, {"dv", &dv}, {"dsink", &dsink}}, {{"dout", &dout},
@@ -481,31 +450,23 @@ void DistAttention::backward(DistContext& context, const TensorView& dout, const
                                                                           {"dsink", &dsink}});
   DistStats& stats = ctx.stats;
   stats.bwd_bytes_received = stats.bwd_bytes_sent = 0;
+  if (m.device == Device::kCuda) {
+    runtime::device_backward(m, ctx, dout, q, out, lse, dq, dk, dv, dsink);
+    stats.backward_ms = ms_since(t_all);
+    return;
+  }
   const int stages = m.me().num_stages;
   stats.backward.assign(stages + 1, {});
-  const std::size_t row = static_cast<std::size_t>(hk * dim) * sizeof(float);
-
-  // Group-reduce: the partials of every piece this rank sent come back from its receiver, in the
-  // exchange of the stage that consumed it (the forward's sequence, flexcp/comm.h).
-  std::vector<std::vector<RecvOp>> recvs(m.layout.exchanges + 1);
-  std::vector<Buffer> partials;
-  partials.reserve(m.me().sends.size());
-  for (std::size_t i = 0; i < m.me().sends.size(); ++i) {
-    const SendRange& s = m.me().sends[i];
-    partials.emplace_back(DType::kFloat32, 2 * s.tokens.size(), hk, dim);
-    Buffer& p = partials.back();
-    const std::size_t bytes = s.tokens.size() * row;
-    auto& from = recvs[m.layout.send_stage[i]];
-    from.push_back({s.dest, p.row(0), bytes, CommLayout::tag(s.index, Message::kGradK)});
-    from.push_back(
-        {s.dest, p.row(s.tokens.size()), bytes, CommLayout::tag(s.index, Message::kGradV)});
-  }
 
   AttentionOptions partial = options;
   partial.sink = {};
   Buffer dq_acc(DType::kFloat32, tq, hq, dim), dq_part(DType::kFloat32, tq, hq, dim);
   Buffer dk_acc(DType::kFloat32, cols, hk, dim), dv_acc(DType::kFloat32, cols, hk, dim);
   Buffer dk_part(DType::kFloat32, cols, hk, dim), dv_part(DType::kFloat32, cols, hk, dim);
+  Buffer partials(DType::kFloat32, m.partial_rows(), hk, dim);
+  // Exchange s starts once stage s has run: its received columns are final then.
+  Exchanges x = m.grad_exchanges(dk_acc.bytes.data(), dv_acc.bytes.data(), partials.bytes.data(),
+                                 stats);
   std::vector<std::unique_ptr<CommHandle>> reduce(m.layout.exchanges + 1);
   for (int s = 0; s <= m.layout.exchanges; ++s) {
     const auto t0 = std::chrono::steady_clock::now();
@@ -522,19 +483,7 @@ void DistAttention::backward(DistContext& context, const TensorView& dout, const
       }
     }
     if (s <= stages) stats.backward[s].compute_ms = ms_since(t0);
-    if (s == 0) continue;
-    // This stage's received columns are final now: return their partials to the owners.
-    std::vector<SendOp> sends;
-    for (std::size_t i = 0; i < m.me().recv.size(); ++i) {
-      const RemoteRange& r = m.me().recv[i];
-      if (r.stage != s) continue;
-      const std::int64_t col = m.layout.recv_column[i];
-      const std::size_t bytes = r.tokens.size() * row;
-      sends.push_back({r.owner, dk_acc.row(col), bytes, CommLayout::tag(r.index, Message::kGradK)});
-      sends.push_back({r.owner, dv_acc.row(col), bytes, CommLayout::tag(r.index, Message::kGradV)});
-      stats.bwd_bytes_sent += 2 * static_cast<std::int64_t>(bytes);
-    }
-    reduce[s] = m.comm->start(sends, recvs[s]);
+    if (s > 0) reduce[s] = m.comm->start(x.sends[s], x.recvs[s]);
   }
   for (int s = 1; s <= m.layout.exchanges; ++s) {
     reduce[s]->wait();
@@ -543,12 +492,12 @@ void DistAttention::backward(DistContext& context, const TensorView& dout, const
   // Sum the partials in a fixed order (destinations, then pieces): deterministic.
   for (std::size_t i = 0; i < m.me().sends.size(); ++i) {
     const SendRange& s = m.me().sends[i];
-    Buffer& p = partials[i];
+    const std::int64_t first = m.partial_row(i);
     for (std::int64_t t = s.tokens.begin; t < s.tokens.end; ++t) {
       const std::int64_t r = m.layout.own_row(t);
-      const float* pk = reinterpret_cast<const float*>(p.row(t - s.tokens.begin));
-      const float* pv =
-          reinterpret_cast<const float*>(p.row(s.tokens.size() + (t - s.tokens.begin)));
+      const float* pk = reinterpret_cast<const float*>(partials.row(first + t - s.tokens.begin));
+      const float* pv = reinterpret_cast<const float*>(
+          partials.row(first + s.tokens.size() + (t - s.tokens.begin)));
       float* ak = reinterpret_cast<float*>(dk_acc.row(r));
       float* av = reinterpret_cast<float*>(dv_acc.row(r));
       for (std::int64_t j = 0; j < hk * dim; ++j) ak[j] += pk[j], av[j] += pv[j];

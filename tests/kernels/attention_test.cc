@@ -229,6 +229,33 @@ TEST(Attention, ReferenceGradientsMatchFiniteDifferences) {
   }
 }
 
+// dK and dV into fp32 tensors: the kernel's sums unrounded. Rounded to the input dtype they are
+// the bits the same call writes into input-dtype gradients; dq is the same.
+TEST(Attention, Fp32KeyGradientsRoundToTheInputDtypesBits) {
+  std::mt19937_64 rng(61);
+  const std::int64_t tq = 190, tk = 230, hq = 8, hk = 2, d = 64;
+  for (const DType dt : {DType::kBFloat16, DType::kFloat16}) {
+    const Mask mask = test::random_mask(rng, tq, tk);
+    const Tensor q = test::random_tensor(rng, dt, {tq, hq, d}, 2.0),
+                 k = test::random_tensor(rng, dt, {tk, hk, d}, 2.0),
+                 v = test::random_tensor(rng, dt, {tk, hk, d}),
+                 dout = test::random_tensor(rng, dt, {tq, hq, d});
+    Tensor out(dt, {tq, hq, d}), lse(DType::kFloat32, {tq, hq});
+    forward(q.view, k.view, v.view, mask, out.view, lse.view);
+    Tensor dq(dt, {tq, hq, d}), dk(dt, {tk, hk, d}), dv(dt, {tk, hk, d});
+    Tensor dq2(dt, {tq, hq, d}), dk32(DType::kFloat32, {tk, hk, d}),
+        dv32(DType::kFloat32, {tk, hk, d});
+    for (Tensor* t : {&dq, &dk, &dv, &dq2, &dk32, &dv32}) t->poison();
+    backward(dout.view, q.view, k.view, v.view, out.view, lse.view, mask, dq.view, dk.view,
+             dv.view);
+    backward(dout.view, q.view, k.view, v.view, out.view, lse.view, mask, dq2.view, dk32.view,
+             dv32.view);
+    EXPECT_EQ(test::rounded_to(dk32, dt).bytes, dk.bytes);
+    EXPECT_EQ(test::rounded_to(dv32, dt).bytes, dv.bytes);
+    EXPECT_EQ(dq2.bytes, dq.bytes);
+  }
+}
+
 TEST(Attention, StridedInputsAndOutputs) {
   // q, k, v as views into one interleaved [T, 3, H, D] buffer, out with a padded row stride.
   std::mt19937_64 rng(57);

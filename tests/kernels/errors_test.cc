@@ -107,6 +107,15 @@ TEST(Errors, BackwardMistakes) {
                        dq_short.view, dk.view, dv.view);
             }),
             "flexcp::backward: dq has shape [8, 4, 8], expected [8, 4, 16]");
+  // fp32 dK and dV go together (bf16 inputs, fp32 dk, bf16 dv).
+  Tensor qb(DType::kBFloat16, {8, 4, 16}), kb(DType::kBFloat16, {10, 2, 16}),
+      vb(DType::kBFloat16, {10, 2, 16}), ob(DType::kBFloat16, {8, 4, 16}),
+      gq(DType::kBFloat16, {8, 4, 16}), gv(DType::kBFloat16, {10, 2, 16});
+  EXPECT_EQ(error_of([&] {
+              backward(ob.view, qb.view, kb.view, vb.view, ob.view, f.lse.view, f.mask, gq.view,
+                       dk.view, gv.view);
+            }),
+            "flexcp::backward: dv has dtype bf16, expected fp32");
 }
 
 TEST(Errors, PlansCheckTheirWorkAndTheTensorsTheyRunOn) {

@@ -41,13 +41,15 @@ Inputs make_inputs(const test::KernelCase& c, std::mt19937_64& rng, bool determi
 }
 
 // Gradients on the device: forward (its out and lse stay there), then backward into poisoned
-// storage.
+// storage (dK and dV in fp32 when asked).
 struct DeviceGrads {
   Tensor dq, dk, dv, dsink;
 };
-DeviceGrads run_on_device(const test::KernelCase& c, const Inputs& in, const Mask& mask) {
-  DeviceGrads g{Tensor(c.dtype, {c.tq, c.hq, c.d}), Tensor(c.dtype, {c.tk, c.hk, c.d}),
-                Tensor(c.dtype, {c.tk, c.hk, c.d}), Tensor(DType::kFloat32, {c.hq})};
+DeviceGrads run_on_device(const test::KernelCase& c, const Inputs& in, const Mask& mask,
+                          bool fp32_key_grads = false) {
+  const DType kv_grad = fp32_key_grads ? DType::kFloat32 : c.dtype;
+  DeviceGrads g{Tensor(c.dtype, {c.tq, c.hq, c.d}), Tensor(kv_grad, {c.tk, c.hk, c.d}),
+                Tensor(kv_grad, {c.tk, c.hk, c.d}), Tensor(DType::kFloat32, {c.hq})};
   const Tensor out(c.dtype, {c.tq, c.hq, c.d}), lse(DType::kFloat32, {c.tq, c.hq});
   const DeviceCopy q(in.q), k(in.k), v(in.v), dout(in.dout), o(out, true), l(lse, true);
   const DeviceCopy dq(g.dq, true), dk(g.dk, true), dv(g.dv, true), dsink(g.dsink, true);
@@ -176,6 +178,30 @@ TEST(Sm90Backward, SplitItemsMatchTheReferenceAndRepeatBitForBit) {
   const DeviceGrads d = run_on_device(c, det, mask);
   EXPECT_EQ(a.dk.bytes, d.dk.bytes);
   EXPECT_EQ(a.dv.bytes, d.dv.bytes);
+}
+
+// dK and dV into fp32 tensors: the kernel's sums unrounded (what the distributed backward sends
+// to the owners of received keys). Rounded to the input dtype they are the bits the same call
+// writes into input-dtype gradients, for whole items and for split ones (causal 1K), in both
+// modes.
+TEST(Sm90Backward, Fp32KeyGradientsRoundToTheInputDtypesBits) {
+  SKIP_WITHOUT_GPU();
+  std::mt19937_64 rng(93);
+  const test::KernelCase cases[] = {{"random", 700, 900, 8, 2, 128},
+                                    {"split", 1024, 1024, 16, 2, 128, DType::kFloat16}};
+  for (const test::KernelCase& c : cases) {
+    SCOPED_TRACE(c.name);
+    const Mask mask = c.name == "split" ? masks::causal(c.tq, c.tk) : test::random_mask(rng, c.tq, c.tk);
+    for (const bool deterministic : {false, true}) {
+      const Inputs in = make_inputs(c, rng, deterministic);
+      const DeviceGrads low = run_on_device(c, in, mask), full = run_on_device(c, in, mask, true);
+      EXPECT_EQ(test::rounded_to(full.dk, c.dtype).bytes, low.dk.bytes);
+      EXPECT_EQ(test::rounded_to(full.dv, c.dtype).bytes, low.dv.bytes);
+      if (deterministic) {
+        EXPECT_EQ(full.dq.bytes, low.dq.bytes);
+      }
+    }
+  }
 }
 
 // A plan built once for both directions, bound once, runs forward and backward repeatedly with

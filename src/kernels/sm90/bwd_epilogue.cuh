@@ -15,32 +15,42 @@
 namespace flexcp::sm90::detail {
 
 // dK (times the scale) and dV of the unit's keys, from this thread's accumulator fragments (its
-// warp group owns keys [64 half, 64 half + 64) of the tile); rows past the keys are not written.
-template <class Cfg, class Frag>
-__device__ __forceinline__ void write_dk_dv(const BwdParams& p, const BwdUnit& it,
+// warp group owns keys [64 half, 64 half + 64) of the tile), as OutT; rows past the keys are not
+// written.
+template <class Cfg, class OutT, class Frag>
+__device__ __forceinline__ void store_dk_dv(const BwdParams& p, const BwdUnit& it,
                                             const Frag& dk_acc, const Frag& dv_acc, int half) {
-  using Element = typename Cfg::Element;
-  using Pair = cutlass::Array<Element, 2>;
+  using Pair = cutlass::Array<OutT, 2>;
   const auto [row_in_group, col_base] = fragment_coords();
   CUTLASS_PRAGMA_UNROLL
   for (int h = 0; h < 2; ++h) {
     const int key = it.tile * Cfg::kBlockN + 64 * half + row_in_group + 8 * h;
     if (key >= p.seqlen_k) continue;
-    Element* dk = static_cast<Element*>(p.dk) + std::int64_t(key) * p.dk_stride_t +
-                  std::int64_t(it.kv_head) * p.dk_stride_h + col_base;
-    Element* dv = static_cast<Element*>(p.dv) + std::int64_t(key) * p.dv_stride_t +
-                  std::int64_t(it.kv_head) * p.dv_stride_h + col_base;
+    OutT* dk = static_cast<OutT*>(p.dk) + std::int64_t(key) * p.dk_stride_t +
+               std::int64_t(it.kv_head) * p.dk_stride_h + col_base;
+    OutT* dv = static_cast<OutT*>(p.dv) + std::int64_t(key) * p.dv_stride_t +
+               std::int64_t(it.kv_head) * p.dv_stride_h + col_base;
     CUTLASS_PRAGMA_UNROLL
     for (int j = 0; j < Cfg::kHeadDim / 8; ++j) {
       Pair k2, v2;
-      k2[0] = Element(dk_acc(2 * h + 4 * j) * p.scale);
-      k2[1] = Element(dk_acc(1 + 2 * h + 4 * j) * p.scale);
-      v2[0] = Element(dv_acc(2 * h + 4 * j));
-      v2[1] = Element(dv_acc(1 + 2 * h + 4 * j));
+      k2[0] = OutT(dk_acc(2 * h + 4 * j) * p.scale);
+      k2[1] = OutT(dk_acc(1 + 2 * h + 4 * j) * p.scale);
+      v2[0] = OutT(dv_acc(2 * h + 4 * j));
+      v2[1] = OutT(dv_acc(1 + 2 * h + 4 * j));
       *reinterpret_cast<Pair*>(dk + 8 * j) = k2;
       *reinterpret_cast<Pair*>(dv + 8 * j) = v2;
     }
   }
+}
+
+// dK and dV of the unit in the output's dtype (a uniform branch, once per unit).
+template <class Cfg, class Frag>
+__device__ __forceinline__ void write_dk_dv(const BwdParams& p, const BwdUnit& it,
+                                            const Frag& dk_acc, const Frag& dv_acc, int half) {
+  if (p.dkv_fp32)
+    store_dk_dv<Cfg, float>(p, it, dk_acc, dv_acc, half);
+  else
+    store_dk_dv<Cfg, typename Cfg::Element>(p, it, dk_acc, dv_acc, half);
 }
 
 // A unit of a split item stores its dK and dV partials (unscaled) in its slot and counts itself

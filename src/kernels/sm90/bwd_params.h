@@ -40,9 +40,11 @@ struct BwdParams {
   std::int64_t stats_stride = 0;
 
   // dK and dV, [Tk, Hk, D] with a unit stride along D, written once per (key tile, kv head): by
-  // its unit, or by the last of its units to finish, from their partials summed in unit order.
+  // its unit, or by the last of its units to finish, from their partials summed in unit order;
+  // in the input dtype, or in fp32 when dkv_fp32 (the sums unrounded).
   void* dk = nullptr;
   void* dv = nullptr;
+  bool dkv_fp32 = false;
   std::int64_t dk_stride_t = 0, dk_stride_h = 0;
   std::int64_t dv_stride_t = 0, dv_stride_h = 0;
   // The plan's column-major work list (tiles of kBwdBlockN keys, intervals of q rows) in its

@@ -148,6 +148,7 @@ void backward(const CallShape& s, const AttentionPlan::Impl& plan, const TensorV
     p.tma_v = tensor_map(kFn, "v", v, kBwdBlockN, 1);
     p.dk = dk.data;
     p.dv = dv.data;
+    p.dkv_fp32 = dk.dtype == DType::kFloat32;
     p.dk_stride_t = dk.strides[0];
     p.dk_stride_h = dk.strides[1];
     p.dv_stride_t = dv.strides[0];
