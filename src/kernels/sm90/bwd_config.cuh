@@ -15,18 +15,10 @@ namespace flexcp::sm90 {
 
 // The backward's named barriers (ids above CUTLASS's reserved ones).
 enum class BwdBarrier : std::uint32_t {
-  kDsReady = 0,  // both consumer groups have written their dS^T of the block to shared memory
-  kDqFull = 1,   // a group has staged its dQ of a block for the dQ writer (ids 1 and 2: per group)
-  kDqEmpty = 3,  // the writer's reductions have read a group's staging tile (ids 3 and 4)
-  kPartialStored = 5,  // a split item's unit: both groups have stored their dK/dV partials (and,
+  kDsReady = 0,        // both consumer groups have written their dS^T of the block to shared memory
+  kDqStaged = 1,       // one group has staged its dQ (ids 1 and 2: one per group)
+  kPartialStored = 3,  // a split item's unit: both groups have stored their dK/dV partials (and,
                        // the second time, thread 0 has said whether this unit is the last)
-};
-
-// Where a group's staged dQ goes: the block's first row and its q head (head < 0: the group has
-// no more blocks). Written by the group's leader before kDqFull, read by the writer after it.
-struct BwdDqBlock {
-  int row;
-  int head;
 };
 
 template <class Element_, int kHeadDim_, bool kAccumulateDq_ = true>
@@ -44,11 +36,6 @@ struct BwdConfig {
                                               // while the other still reads this one's for dQ
   static constexpr int kConsumers = 2;
   static constexpr int kThreads = 128 * (kConsumers + 1);
-  // The producer warp group's second warp adds the consumers' staged dQ to the accumulator (TMA
-  // reductions), so that a consumer group hands its tile over with a non-blocking arrive instead
-  // of waiting for its whole group and then for the copy engine. The first warp loads.
-  static constexpr int kDqWriterWarp = 1;
-  static constexpr std::uint32_t kDqHandoffThreads = 128 + 32;  // a consumer group and the writer
   static constexpr int kPanels = kHeadDim / 64;  // 128-byte swizzle panels along D (one TMA box)
   // Register budgets: the consumers hold dK and dV (kHeadDim fp32 each), S^T, dP^T and dQ; the
   // producer (one thread) takes the rest. The pool is fixed at launch (the launch bound's share
@@ -124,7 +111,6 @@ struct BwdConfig {
     typename PipelineQ::SharedStorage pipe_do;
     typename PipelineKV::SharedStorage pipe_kv;
     typename Items::SharedStorage items;
-    BwdDqBlock dq_blocks[kConsumers];  // per group: where its staged dQ goes
     int last_unit;  // a split item's unit: whether it finished last (it writes dK and dV)
   };
   static constexpr int kSmemBytes = int(sizeof(SharedStorage)) + 1024;
