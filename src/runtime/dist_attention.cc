@@ -465,8 +465,8 @@ void DistAttention::backward(DistContext& context, const TensorView& dout, const
   Buffer dk_part(DType::kFloat32, cols, hk, dim), dv_part(DType::kFloat32, cols, hk, dim);
   Buffer partials(DType::kFloat32, m.partial_rows(), hk, dim);
   // Exchange s starts once stage s has run: its received columns are final then.
-  Exchanges x = m.grad_exchanges(dk_acc.bytes.data(), dv_acc.bytes.data(), partials.bytes.data(),
-                                 stats);
+  Exchanges x =
+      m.grad_exchanges(dk_acc.bytes.data(), dv_acc.bytes.data(), partials.bytes.data(), stats);
   std::vector<std::unique_ptr<CommHandle>> reduce(m.layout.exchanges + 1);
   for (int s = 0; s <= m.layout.exchanges; ++s) {
     const auto t0 = std::chrono::steady_clock::now();

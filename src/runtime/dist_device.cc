@@ -93,8 +93,9 @@ DeviceRunPtr make_device_run(const DistCore& m) {
   std::vector<Band> work;
   for (const std::vector<Band>& stage : m.me().stage_work)
     work.insert(work.end(), stage.begin(), stage.end());
-  const AttentionShape shape{m.q_rows(), m.layout.total_columns, m.heads_q, m.heads_kv,
-                             m.head_dim, m.dtype, Device::kCuda,     m.device_index};
+  const AttentionShape shape{
+      m.q_rows(), m.layout.total_columns, m.heads_q,     m.heads_kv, m.head_dim,
+      m.dtype,    Device::kCuda,          m.device_index};
   DeviceRunPtr run(new DeviceRun);
   run->plan = AttentionPlan(work, shape);
   run->device_index = m.device_index;
@@ -169,8 +170,8 @@ void device_backward(DistCore& m, DistContext::State& ctx, const TensorView& dou
            dsink.empty() ? TensorView{} : device_vector(dsink_mine.get(), hq, m.device_index));
 
   // Received columns' partials to their owners; this rank's pieces' partials back from theirs.
-  Exchanges x = m.grad_exchanges(bytes_of(dk_cols), bytes_of(dv_cols), bytes_of(partials),
-                                 ctx.stats);
+  Exchanges x =
+      m.grad_exchanges(bytes_of(dk_cols), bytes_of(dv_cols), bytes_of(partials), ctx.stats);
   ctx.stats.bwd_bytes_received = exchange_in_stream_order(*m.comm, x, stream);
   // The owner's sum, in a fixed order (its own partial, then the pieces in plan order), rounded
   // once: the same bits on every run.

@@ -24,9 +24,15 @@ __global__ void add_kernel(float* dst, const float* src, std::int64_t n) {
     dst[i] += src[i];
 }
 
-__device__ __forceinline__ void store(__nv_bfloat16* d, float x) { *d = __float2bfloat16_rn(x); }
-__device__ __forceinline__ void store(__half* d, float x) { *d = __float2half_rn(x); }
-__device__ __forceinline__ void store(float* d, float x) { *d = x; }
+__device__ __forceinline__ void store(__nv_bfloat16* d, float x) {
+  *d = __float2bfloat16_rn(x);
+}
+__device__ __forceinline__ void store(__half* d, float x) {
+  *d = __float2half_rn(x);
+}
+__device__ __forceinline__ void store(float* d, float x) {
+  *d = x;
+}
 
 template <class T>
 __global__ void store_kernel(T* dst, const float* src, std::int64_t n) {
@@ -38,8 +44,8 @@ __global__ void store_kernel(T* dst, const float* src, std::int64_t n) {
 void check_launch(const char* what) {
   const cudaError_t err = cudaGetLastError();
   if (err != cudaSuccess)
-    throw Error(Status::kCudaError, std::string("flexcp::DistAttention: ") + what + ": " +
-                                        cudaGetErrorString(err));
+    throw Error(Status::kCudaError,
+                std::string("flexcp::DistAttention: ") + what + ": " + cudaGetErrorString(err));
 }
 
 }  // namespace

@@ -133,14 +133,13 @@ struct DistCore {
   // D], own rows first, then each received piece at its column; host or device memory alike).
   // Sends read the own rows there. Exchange s sends the pieces their receivers consume in stage s
   // and receives this rank's stage s.
-  Exchanges kv_exchanges(unsigned char* k_cols, unsigned char* v_cols,
-                                  DistStats& stats) const;
+  Exchanges kv_exchanges(unsigned char* k_cols, unsigned char* v_cols, DistStats& stats) const;
   // The backward's group-reduce: exchange s returns the fp32 dK/dV partials of the columns this
   // rank received in stage s (rows of dk_cols/dv_cols) to their owners, and receives the partials
   // of the pieces this rank sent whose receivers consumed them in stage s, into `partials`: piece
   // i's dK rows at partial_row(i), its dV rows right after.
-  Exchanges grad_exchanges(unsigned char* dk_cols, unsigned char* dv_cols,
-                           unsigned char* partials, DistStats& stats) const;
+  Exchanges grad_exchanges(unsigned char* dk_cols, unsigned char* dv_cols, unsigned char* partials,
+                           DistStats& stats) const;
   std::int64_t partial_row(std::size_t piece) const;  // 2 x the tokens of the pieces before it
   std::int64_t partial_rows() const { return partial_row(me().sends.size()); }
 };

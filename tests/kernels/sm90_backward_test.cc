@@ -191,7 +191,8 @@ TEST(Sm90Backward, Fp32KeyGradientsRoundToTheInputDtypesBits) {
                                     {"split", 1024, 1024, 16, 2, 128, DType::kFloat16}};
   for (const test::KernelCase& c : cases) {
     SCOPED_TRACE(c.name);
-    const Mask mask = c.name == "split" ? masks::causal(c.tq, c.tk) : test::random_mask(rng, c.tq, c.tk);
+    const Mask mask =
+        c.name == "split" ? masks::causal(c.tq, c.tk) : test::random_mask(rng, c.tq, c.tk);
     for (const bool deterministic : {false, true}) {
       const Inputs in = make_inputs(c, rng, deterministic);
       const DeviceGrads low = run_on_device(c, in, mask), full = run_on_device(c, in, mask, true);

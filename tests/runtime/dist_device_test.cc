@@ -60,8 +60,8 @@ struct Results {
 Results one_gpu(const Problem& p, const Tensor& q, const Tensor& k, const Tensor& v,
                 const Tensor& dout, const AttentionOptions& host_options, const Tensor& sink) {
   const std::int64_t tq = p.mask.seqlen_q(), tk = p.mask.seqlen_k();
-  Results r{Tensor(p.dtype, {tq, p.hq, p.d}),  Tensor(DType::kFloat32, {tq, p.hq}),
-            Tensor(p.dtype, {tq, p.hq, p.d}),  Tensor(p.dtype, {tk, p.hk, p.d}),
+  Results r{Tensor(p.dtype, {tq, p.hq, p.d}), Tensor(DType::kFloat32, {tq, p.hq}),
+            Tensor(p.dtype, {tq, p.hq, p.d}), Tensor(p.dtype, {tk, p.hk, p.d}),
             Tensor(p.dtype, {tk, p.hk, p.d}), Tensor(DType::kFloat32, {p.hq})};
   const DeviceCopy dq_(q), dk_(k), dv_(v), ddo(dout), o(r.out, true), l(r.lse, true);
   const DeviceCopy gq(r.dq, true), gk(r.dk, true), gv(r.dv, true), gs(r.dsink, true), s(sink);
@@ -160,8 +160,9 @@ void check_problem(const Problem& p) {
     EXPECT_EQ(dql.bytes, dq_again.bytes);
   }
 
-  Results got{Tensor(p.dtype, {tq, p.hq, p.d}), {}, Tensor(p.dtype, {tq, p.hq, p.d}),
-              Tensor(p.dtype, {tk, p.hk, p.d}), Tensor(p.dtype, {tk, p.hk, p.d}), {}};
+  Results got{Tensor(p.dtype, {tq, p.hq, p.d}), {},
+              Tensor(p.dtype, {tq, p.hq, p.d}), Tensor(p.dtype, {tk, p.hk, p.d}),
+              Tensor(p.dtype, {tk, p.hk, p.d}), {}};
   dist.undispatch_q(ol.view, got.out.view);
   dist.undispatch_q(dql.view, got.dq.view);
   dist.undispatch_kv(dkl.view, got.dk.view);
