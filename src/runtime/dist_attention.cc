@@ -70,6 +70,18 @@ struct DistAttention::Impl : runtime::DistCore {};
 
 namespace runtime {
 
+namespace {
+
+// A piece's K and V (or its dK and dV partials): two messages of `bytes` each, to or from `peer`.
+template <class Op>
+void push_pair(std::vector<Op>& ops, int peer, unsigned char* first, unsigned char* second,
+               std::size_t bytes, int index, Message first_kind, Message second_kind) {
+  ops.push_back({peer, first, bytes, CommLayout::tag(index, first_kind)});
+  ops.push_back({peer, second, bytes, CommLayout::tag(index, second_kind)});
+}
+
+}  // namespace
+
 Exchanges DistCore::kv_exchanges(unsigned char* k_cols, unsigned char* v_cols,
                                  DistStats& stats) const {
   const std::size_t row = kv_row_bytes();
@@ -78,19 +90,15 @@ Exchanges DistCore::kv_exchanges(unsigned char* k_cols, unsigned char* v_cols,
     const SendRange& s = me().sends[i];
     const std::int64_t r = layout.own_row(s.tokens.begin);  // a piece's rows are neighbours
     const std::size_t bytes = s.tokens.size() * row;
-    auto& to = x.sends[layout.send_stage[i]];
-    to.push_back({s.dest, k_cols + r * row, bytes, CommLayout::tag(s.index, Message::kK)});
-    to.push_back({s.dest, v_cols + r * row, bytes, CommLayout::tag(s.index, Message::kV)});
+    push_pair(x.sends[layout.send_stage[i]], s.dest, k_cols + r * row, v_cols + r * row, bytes,
+              s.index, Message::kK, Message::kV);
     stats.fwd_bytes_sent += 2 * static_cast<std::int64_t>(bytes);
   }
   for (std::size_t i = 0; i < me().recv.size(); ++i) {
     const RemoteRange& r = me().recv[i];
     const std::int64_t col = layout.recv_column[i];
-    const std::size_t bytes = r.tokens.size() * row;
-    x.recvs[r.stage].push_back(
-        {r.owner, k_cols + col * row, bytes, CommLayout::tag(r.index, Message::kK)});
-    x.recvs[r.stage].push_back(
-        {r.owner, v_cols + col * row, bytes, CommLayout::tag(r.index, Message::kV)});
+    push_pair(x.recvs[r.stage], r.owner, k_cols + col * row, v_cols + col * row,
+              r.tokens.size() * row, r.index, Message::kK, Message::kV);
   }
   return x;
 }
@@ -109,18 +117,15 @@ Exchanges DistCore::grad_exchanges(unsigned char* dk_cols, unsigned char* dv_col
     const SendRange& s = me().sends[i];
     const std::size_t bytes = s.tokens.size() * row;
     unsigned char* at = partials + partial_row(i) * row;
-    auto& from = x.recvs[layout.send_stage[i]];
-    from.push_back({s.dest, at, bytes, CommLayout::tag(s.index, Message::kGradK)});
-    from.push_back({s.dest, at + bytes, bytes, CommLayout::tag(s.index, Message::kGradV)});
+    push_pair(x.recvs[layout.send_stage[i]], s.dest, at, at + bytes, bytes, s.index,
+              Message::kGradK, Message::kGradV);
   }
   for (std::size_t i = 0; i < me().recv.size(); ++i) {
     const RemoteRange& r = me().recv[i];
     const std::int64_t col = layout.recv_column[i];
     const std::size_t bytes = r.tokens.size() * row;
-    x.sends[r.stage].push_back(
-        {r.owner, dk_cols + col * row, bytes, CommLayout::tag(r.index, Message::kGradK)});
-    x.sends[r.stage].push_back(
-        {r.owner, dv_cols + col * row, bytes, CommLayout::tag(r.index, Message::kGradV)});
+    push_pair(x.sends[r.stage], r.owner, dk_cols + col * row, dv_cols + col * row, bytes, r.index,
+              Message::kGradK, Message::kGradV);
     stats.bwd_bytes_sent += 2 * static_cast<std::int64_t>(bytes);
   }
   return x;

@@ -13,6 +13,7 @@
 #include <string>
 #include <vector>
 
+#include "device_world.h"
 #include "flexcp/comm.h"
 #include "flexcp/status.h"
 #include "kernels/cuda/device.h"
@@ -178,36 +179,6 @@ TEST(DeviceComm, BadPeerIsAnError) {
 }  // namespace flexcp
 
 int main(int argc, char** argv) {
-  ::testing::InitGoogleTest(&argc, argv);
-  std::string backend = "staged";
-  for (int i = 1; i + 1 < argc; ++i)
-    if (std::string(argv[i]) == "--backend") backend = argv[i + 1];
-  auto host = flexcp::make_mpi_communicator();
-  flexcp::g_host = host.get();
-  flexcp::g_backend = backend;
-  std::unique_ptr<flexcp::Communicator> device;
-  std::string why;
-  const int gpus = flexcp::cuda::device_count(&why);
-  if (gpus == 0) {
-    flexcp::g_skip = "no CUDA device here (" + why + ")";
-  } else {
-    if (cudaSetDevice(host->rank() % gpus) != cudaSuccess) return 2;
-    device = backend == "nccl" ? flexcp::make_nccl_communicator(*host)
-                               : flexcp::make_staged_communicator(*host);
-    flexcp::g_device = device.get();
-  }
-  if (host->rank() != 0) {
-    auto& listeners = ::testing::UnitTest::GetInstance()->listeners();
-    delete listeners.Release(listeners.default_result_printer());
-  }
-  int failed = RUN_ALL_TESTS();
-  std::vector<int> all(host->size());
-  host->all_gather(&failed, sizeof failed, all.data());
-  for (int r = 0; r < host->size(); ++r)
-    if (all[r]) {
-      if (host->rank() == 0) std::printf("rank %d had failures\n", r);
-      failed = 1;
-    }
-  device.reset();
-  return failed;
+  return flexcp::test::run_device_tests(argc, argv, flexcp::g_host, flexcp::g_device,
+                                        flexcp::g_backend, flexcp::g_skip);
 }
