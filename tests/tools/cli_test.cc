@@ -416,6 +416,36 @@ TEST_F(Cli, RunUnderMpirunMovesWhatThePlanPredictsAndMatchesOneRank) {
   EXPECT_NE(out.find("): ok"), std::string::npos) << out;
 }
 
+// --device cuda: two ranks sharing the GPU through the staged backend (NCCL refuses two ranks on
+// one GPU), two layers, against one GPU; skips where no GPU (or no CUDA build) is present. --comm
+// without --device cuda is an argument error.
+TEST_F(Cli, RunOnGpusMovesWhatThePlanPredictsAndMatchesOneGpu) {
+  if (!FLEXCP_TEST_WITH_MPI) GTEST_SKIP() << "built without MPI (-DFLEXCP_WITH_MPI=OFF)";
+  const Result bad = run_cli("run --comm staged --seqlen 1024");
+  EXPECT_EQ(bad.code, 2) << bad.output;
+  EXPECT_NE(bad.output.find("--comm: staged needs --device cuda"), std::string::npos) << bad.output;
+  const std::string cmd =
+      std::string(kMpiEnv) +
+      "mpirun --allow-run-as-root --oversubscribe -np 2 -x OMP_NUM_THREADS=1 -x "
+      "NCCL_NVLS_ENABLE=0 -x ASAN_OPTIONS " +
+      FLEXCP_CLI_PATH +
+      " run --device cuda --comm staged --seqlen 4096 --doc-len 700 --heads 8 --heads-kv 2 "
+      "--head-dim 128 --dtype bf16 --layers 2 2>&1";
+  FILE* pipe = popen(cmd.c_str(), "r");
+  std::string out;
+  char buf[4096];
+  while (fgets(buf, sizeof buf, pipe)) out += buf;
+  const int status = pclose(pipe);
+  for (const char* no_gpu : {"no usable CUDA device", "this build has no CUDA kernels"})
+    if (out.find(no_gpu) != std::string::npos) GTEST_SKIP() << no_gpu;
+  ASSERT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0) << out;
+  EXPECT_NE(out.find("2 rank(s)"), std::string::npos) << out;
+  EXPECT_NE(out.find(": equal"), std::string::npos) << out;
+  for (const char* line : {"layer 0 against one GPU", "layer 1 against one GPU"})
+    EXPECT_NE(out.find(line), std::string::npos) << out;
+  EXPECT_EQ(out.find("MISMATCH"), std::string::npos) << out;
+}
+
 // Argument errors exit 2 with the tool's error prefix, like every other error; under mpirun a
 // rank that stops on one ends the job (the others never reach a collective it is missing from),
 // every time: a loop, since the hang this guards against was 1 run in 12.

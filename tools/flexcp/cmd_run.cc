@@ -2,18 +2,23 @@
 // started with (`mpirun -np 4 flexcp run`): L layers share one DistAttention, forwards in order and
 // backwards in reverse (the training pattern), each layer checked against a single-rank forward and
 // backward; prints per-rank balance, bytes moved against the plan's prediction, stage timings and
-// total time. Exit code 1 on a mismatch.
+// total time. Exit code 1 on a mismatch. With --device cuda the layers' shards live on the GPUs
+// (rank r on GPU r mod the GPUs here), over NCCL (one rank per GPU) or the staged backend (ranks
+// sharing a GPU), checked against one GPU.
 #include <omp.h>
 
 #include <algorithm>
+#include <chrono>
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
+#include <memory>
 #include <string>
 #include <vector>
 
 #include "cli_options.h"
 #include "commands.h"
+#include "device_tensor.h"
 #include "flexcp/flexcp.h"
 #include "host_tensor.h"
 #include "timing.h"
@@ -29,6 +34,8 @@ struct RunArgs {
   std::int64_t chunks_per_rank = 0;
   int stages = 0;
   int layers = 2;
+  std::string device = "cpu";
+  std::string comm;  // with --device cuda: nccl (the default) or staged
 };
 
 // What each rank reports to rank 0 (times summed over layers).
@@ -73,6 +80,57 @@ struct Layer {
         dvl(dt, {lk, s.heads_kv, s.head_dim}) {}
 };
 
+// The tensors one layer's distributed calls take: its host shards, or device copies of them.
+struct LayerViews {
+  TensorView q, k, v, dout, out, lse, dq, dk, dv;
+};
+
+LayerViews host_views(const Layer& l) {
+  return {l.ql.view(), l.kl.view(),  l.vl.view(),  l.dol.view(), l.ol.view(),
+          l.ll.view(), l.dql.view(), l.dkl.view(), l.dvl.view()};
+}
+
+#if defined(FLEXCP_TOOLS_CUDA)
+// A layer's shards and (poisoned) outputs on the current GPU.
+struct DeviceLayer {
+  DeviceTensor q, k, v, dout, out, lse, dq, dk, dv;
+  explicit DeviceLayer(const Layer& l)
+      : q(l.ql),
+        k(l.kl),
+        v(l.vl),
+        dout(l.dol),
+        out(l.ol),
+        lse(l.ll),
+        dq(l.dql),
+        dk(l.dkl),
+        dv(l.dvl) {}
+  LayerViews views() const {
+    return {q.view(),   k.view(),  v.view(),  dout.view(), out.view(),
+            lse.view(), dq.view(), dk.view(), dv.view()};
+  }
+  void copy_outputs_to(Layer& l) const {
+    out.copy_to(l.ol);
+    lse.copy_to(l.ll);
+    dq.copy_to(l.dql);
+    dk.copy_to(l.dkl);
+    dv.copy_to(l.dvl);
+  }
+};
+
+// The single-GPU forward and backward of a layer's global tensors.
+void reference_on_gpu(const Layer& l, const Mask& mask, HostTensor& out, HostTensor& lse,
+                      HostTensor& dq, HostTensor& dk, HostTensor& dv) {
+  const DeviceTensor q(l.q), k(l.k), v(l.v), dout(l.dout), o(out), s(lse), gq(dq), gk(dk), gv(dv);
+  forward(q.view(), k.view(), v.view(), mask, o.view(), s.view());
+  backward(dout.view(), q.view(), k.view(), v.view(), o.view(), s.view(), mask, gq.view(),
+           gk.view(), gv.view());
+  o.copy_to(out);
+  gq.copy_to(dq);
+  gk.copy_to(dk);
+  gv.copy_to(dv);
+}
+#endif
+
 void run_ranks(RunArgs a, Communicator& comm_ref);
 
 // Every rank of the job says whether its own arguments parsed: a rank whose arguments did not
@@ -106,25 +164,34 @@ void run_main_job(const RunArgs& a) {
   }
 }
 
-// Rank 0's check of one layer against the single-rank kernels; prints one line.
-bool check_layer(int index, const Layer& l, const Mask& mask, DType dtype, const HostTensor& og,
-                 const HostTensor& dqg, const HostTensor& dkg, const HostTensor& dvg) {
+// Rank 0's check of one layer against the single-rank kernels (on one GPU with --device cuda);
+// prints one line.
+bool check_layer(int index, const Layer& l, const Mask& mask, DType dtype, bool on_gpu,
+                 const HostTensor& og, const HostTensor& dqg, const HostTensor& dkg,
+                 const HostTensor& dvg) {
   HostTensor out(dtype, l.q.shape()), lse(DType::kFloat32, {l.q.shape()[0], l.q.shape()[1]}),
       dq(dtype, l.q.shape()), dk(dtype, l.k.shape()), dv(dtype, l.v.shape());
-  forward(l.q.view(), l.k.view(), l.v.view(), mask, out.view(), lse.view());
-  backward(l.dout.view(), l.q.view(), l.k.view(), l.v.view(), out.view(), lse.view(), mask,
-           dq.view(), dk.view(), dv.view());
-  // Stages merge in another order than one kernel call: allow a few ulps of the dtype, relative
-  // to each tensor's largest value.
+  if (on_gpu) {
+#if defined(FLEXCP_TOOLS_CUDA)
+    reference_on_gpu(l, mask, out, lse, dq, dk, dv);
+#endif
+  } else {
+    forward(l.q.view(), l.k.view(), l.v.view(), mask, out.view(), lse.view());
+    backward(l.dout.view(), l.q.view(), l.k.view(), l.v.view(), out.view(), lse.view(), mask,
+             dq.view(), dk.view(), dv.view());
+  }
+  // Stages merge in another order than one kernel call (and on the GPU dQ sums in arrival
+  // order): allow a few ulps of the dtype, relative to each tensor's largest value.
   const double ulp =
       dtype == DType::kFloat32 ? 1e-5 : (dtype == DType::kBFloat16 ? 1.0 / 256 : 1.0 / 2048);
   bool close = true;
-  std::printf("layer %d against one rank:", index);
+  std::printf("layer %d against one %s:", index, on_gpu ? "GPU" : "rank");
   for (auto [name, got, want] :
        {std::tuple{"out", &og, &out}, {"dq", &dqg, &dq}, {"dk", &dkg, &dk}, {"dv", &dvg, &dv}}) {
     double mag = 0;
     const double err = max_error(*got, *want, &mag);
-    const double limit = 2 * ulp * std::max(1.0, mag);
+    const double ulps = on_gpu && got != &og ? 4 : 2;
+    const double limit = ulps * ulp * std::max(1.0, mag);
     close = close && err <= limit;
     std::printf(" %s %.3g (limit %.3g)", name, err, limit);
   }
@@ -144,8 +211,23 @@ void run_ranks(RunArgs a, Communicator& comm_ref) {
   options.plan.chunk_size = a.chunk;
   options.plan.chunks_per_rank = a.chunks_per_rank;
   options.plan.num_stages = a.stages;
-  DistAttention dist(mask, *comm, a.shape.heads, a.shape.heads_kv, a.shape.head_dim, dtype,
-                     options);
+  const bool on_gpu = a.device == "cuda";
+  std::unique_ptr<Communicator> device_comm;  // over the MPI one
+  if (on_gpu) {
+#if defined(FLEXCP_TOOLS_CUDA)
+    options.plan.device = Device::kCuda;
+    options.plan.device_index = use_rank_gpu(rank);
+    if (a.comm.empty()) a.comm = "nccl";
+    device_comm =
+        a.comm == "staged" ? make_staged_communicator(comm_ref) : make_nccl_communicator(comm_ref);
+#else
+    throw Error(Status::kNotCompiled,
+                "flexcp run: --device cuda: this build has no CUDA kernels (configured without "
+                "CUDA)");
+#endif
+  }
+  DistAttention dist(mask, on_gpu ? *device_comm : *comm, a.shape.heads, a.shape.heads_kv,
+                     a.shape.head_dim, dtype, options);
   const Plan& plan = dist.plan();
   const std::int64_t lq = dist.local_q_tokens(), lk = dist.local_k_tokens();
 
@@ -162,13 +244,45 @@ void run_ranks(RunArgs a, Communicator& comm_ref) {
     dist.dispatch_kv(l.v.view(), l.vl.view());
     for (HostTensor* t : {&l.ol, &l.ll, &l.dql, &l.dkl, &l.dvl}) t->poison();
   }
+  std::vector<LayerViews> views;
+#if defined(FLEXCP_TOOLS_CUDA)
+  std::vector<std::unique_ptr<DeviceLayer>> on_device;
+#endif
+  for (const Layer& l : layers) {
+#if defined(FLEXCP_TOOLS_CUDA)
+    if (on_gpu) {
+      on_device.push_back(std::make_unique<DeviceLayer>(l));
+      views.push_back(on_device.back()->views());
+      continue;
+    }
+#endif
+    views.push_back(host_views(l));
+  }
+  // On the GPU the calls return before their kernels finish: each direction is timed from the
+  // first call to the device's idle (the per-stage figures of DistStats are host-only).
+  auto wall_ms = [on_gpu](std::chrono::steady_clock::time_point t0) {
+#if defined(FLEXCP_TOOLS_CUDA)
+    if (on_gpu) device_synchronize();
+#endif
+    return std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+  };
   comm->barrier();
-  for (Layer& l : layers)
-    l.context = dist.forward(l.ql.view(), l.kl.view(), l.vl.view(), l.ol.view(), l.ll.view());
-  for (auto l = layers.rbegin(); l != layers.rend(); ++l)
-    dist.backward(l->context, l->dol.view(), l->ql.view(), l->ol.view(), l->ll.view(),
-                  l->dql.view(), l->dkl.view(), l->dvl.view());
+  auto t0 = std::chrono::steady_clock::now();
+  for (std::size_t i = 0; i < layers.size(); ++i) {
+    const LayerViews& x = views[i];
+    layers[i].context = dist.forward(x.q, x.k, x.v, x.out, x.lse);
+  }
+  const double forward_wall_ms = wall_ms(t0);
+  t0 = std::chrono::steady_clock::now();
+  for (std::size_t i = layers.size(); i-- > 0;) {
+    const LayerViews& x = views[i];
+    dist.backward(layers[i].context, x.dout, x.q, x.out, x.lse, x.dq, x.dk, x.dv);
+  }
+  const double backward_wall_ms = wall_ms(t0);
   comm->barrier();
+#if defined(FLEXCP_TOOLS_CUDA)
+  for (std::size_t i = 0; i < on_device.size(); ++i) on_device[i]->copy_outputs_to(layers[i]);
+#endif
 
   const std::int64_t bpt =
       2 * a.shape.heads_kv * a.shape.head_dim * static_cast<std::int64_t>(dtype_size(dtype));
@@ -184,6 +298,7 @@ void run_ranks(RunArgs a, Communicator& comm_ref) {
     mine.backward_ms += st.backward_ms;
     for (const StageTiming& s : st.forward) mine.wait_ms += s.wait_ms;
   }
+  if (on_gpu) mine.forward_ms = forward_wall_ms, mine.backward_ms = backward_wall_ms;
   std::vector<RankReport> reports(world);
   comm->all_gather(&mine, sizeof mine, reports.data());
 
@@ -242,20 +357,29 @@ void run_ranks(RunArgs a, Communicator& comm_ref) {
         "waiting for K/V: %.1f%%\n",
         fwd, flops / fwd / 1e6, bwd, kBackwardFlopsRatio * flops / bwd / 1e6,
         busy > 0 ? 100 * wait / busy : 0.0);
-    std::printf("stages on rank 0, layer 0 (wait for K/V / compute, ms):");
-    const DistStats& st0 = layers.front().context.stats();
-    for (std::size_t i = 0; i < st0.forward.size(); ++i)
-      std::printf(" %zu: %.1f / %.1f", i, st0.forward[i].wait_ms, st0.forward[i].compute_ms);
-    std::printf("\n");
-    std::printf("K/V bytes moved per layer %lld (as MPI counted them), plan predicted %lld: %s\n",
-                (long long)moved, (long long)predicted,
-                bytes_match && moved == predicted ? "equal" : "DIFFERENT");
+    if (on_gpu) {
+      std::printf(
+          "stages: one kernel over all columns on device tensors (%s); per-stage "
+          "timings not measured\n",
+          a.comm.c_str());
+    } else {
+      std::printf("stages on rank 0, layer 0 (wait for K/V / compute, ms):");
+      const DistStats& st0 = layers.front().context.stats();
+      for (std::size_t i = 0; i < st0.forward.size(); ++i)
+        std::printf(" %zu: %.1f / %.1f", i, st0.forward[i].wait_ms, st0.forward[i].compute_ms);
+      std::printf("\n");
+    }
+    std::printf(
+        "K/V bytes moved per layer %lld (as the transport counted them), plan predicted "
+        "%lld: %s\n",
+        (long long)moved, (long long)predicted,
+        bytes_match && moved == predicted ? "equal" : "DIFFERENT");
     ok = bytes_match && moved == predicted;
 
     // The single-rank computations, with every core of this machine.
     omp_set_num_threads(omp_get_num_procs());
     for (int i = 0; i < a.layers; ++i)
-      ok = check_layer(i, layers[i], mask, dtype, gathered[4 * i], gathered[4 * i + 1],
+      ok = check_layer(i, layers[i], mask, dtype, on_gpu, gathered[4 * i], gathered[4 * i + 1],
                        gathered[4 * i + 2], gathered[4 * i + 3]) &&
            ok;
   }
@@ -301,7 +425,20 @@ void add_run_command(CLI::App& app) {
   cmd->add_option("--stages", args->stages, "Remote stages (default: from the cost model)")
       ->check(whole_number(0));
   cmd->add_option("--seed", args->seed, "Random seed for the inputs")->capture_default_str();
-  cmd->callback([args] { run_main_job(*args); });
+  cmd->add_option("--device", args->device,
+                  "cpu (MPI, the CPU kernels) or cuda (rank r on GPU r mod the GPUs here)")
+      ->check(CLI::IsMember({"cpu", "cuda"}))
+      ->capture_default_str();
+  cmd->add_option("--comm", args->comm,
+                  "With --device cuda: nccl (the default; one rank per GPU) or staged (ranks "
+                  "sharing a GPU, through pinned host memory over MPI; slow, for tests)")
+      ->check(CLI::IsMember({"nccl", "staged"}));
+  cmd->callback([args] {
+    if (!args->comm.empty() && args->device != "cuda")
+      throw CLI::ValidationError("--comm",
+                                 args->comm + " needs --device cuda (CPU ranks talk over MPI)");
+    run_main_job(*args);
+  });
 }
 
 }  // namespace flexcp::tools

@@ -17,21 +17,36 @@ void check(cudaError_t err, const char* what) {
                 std::string("flexcp: ") + what + ": " + cudaGetErrorString(err));
 }
 
-}  // namespace
-
-DeviceTensor::DeviceTensor(const HostTensor& host) : view_(host.view()) {
+int usable_devices() {
   int count = 0;
   const cudaError_t err = cudaGetDeviceCount(&count);
   if (err != cudaSuccess || count == 0)
     throw Error(Status::kCudaError,
                 std::string("flexcp: --device cuda: no usable CUDA device (") +
                     (err != cudaSuccess ? cudaGetErrorString(err) : "no device") + ")");
+  return count;
+}
+
+}  // namespace
+
+DeviceTensor::DeviceTensor(const HostTensor& host) : view_(host.view()) {
+  usable_devices();
   bytes_ = static_cast<std::size_t>(host.numel()) * dtype_size(host.view().dtype);
   check(cudaMalloc(&data_, std::max<std::size_t>(bytes_, 16)), "cudaMalloc");
   check(cudaMemcpy(data_, host.view().data, bytes_, cudaMemcpyHostToDevice), "copy to device");
   view_.data = data_;
   view_.device = Device::kCuda;
-  view_.device_index = 0;
+  check(cudaGetDevice(&view_.device_index), "cudaGetDevice");
+}
+
+int use_rank_gpu(int rank) {
+  const int device = rank % usable_devices();
+  check(cudaSetDevice(device), "cudaSetDevice");
+  return device;
+}
+
+void device_synchronize() {
+  check(cudaDeviceSynchronize(), "running on the device");
 }
 
 DeviceTensor::~DeviceTensor() {

@@ -36,6 +36,12 @@ class DeviceWorkspace {
   void* data_ = nullptr;
 };
 
+// `flexcp run --device cuda`: makes GPU (rank mod the GPUs here) current for this process and
+// returns its index; Error(kCudaError) where there is none.
+int use_rank_gpu(int rank);
+// Waits for all work on the current device.
+void device_synchronize();
+
 // Median time of one call of `fn` on the device's default stream: events around batches of
 // back-to-back calls.
 double median_device_seconds(const std::function<void()>& fn, int warmup, int repeat);
