@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # FlashAttention-4 as a benchmark peer on the GPU host, whose image lacks it. Here:
-# `../shared/tools/fa4-wheels.sh .fa4` packs it into .fa4/a and .fa4/b (each small enough to carry).
+# `scripts/fa4-pack.sh .fa4` packs it into .fa4/a and .fa4/b (each small enough to carry).
 # On the host, one call per part while the host stays warm (/tmp survives between calls):
 #   scripts/gpu-fa4.sh .fa4/a        (carry .fa4/a: its files wait in /tmp/fa4w)
 #   scripts/gpu-fa4.sh .fa4/b        (carry .fa4/b: installs into /tmp/fa4site and imports it)
