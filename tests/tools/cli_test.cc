@@ -25,15 +25,26 @@ struct Result {
 // tests/CMakeLists.txt).
 constexpr const char* kMpiEnv = "env ASAN_OPTIONS=detect_leaks=0 ";
 
-Result run_cli(const std::string& args) {
-  const std::string prefix = args.rfind("run ", 0) == 0 ? kMpiEnv : "";
-  const std::string cmd = prefix + FLEXCP_CLI_PATH + " " + args + " 2>&1";
-  FILE* pipe = popen(cmd.c_str(), "r");
+// A shell command's exit code (-1 if it did not exit) and its output, stderr included.
+Result run_shell(const std::string& cmd) {
+  FILE* pipe = popen((cmd + " 2>&1").c_str(), "r");
   std::string out;
   char buf[4096];
   while (fgets(buf, sizeof buf, pipe)) out += buf;
   const int status = pclose(pipe);
   return {WIFEXITED(status) ? WEXITSTATUS(status) : -1, out};
+}
+
+Result run_cli(const std::string& args) {
+  const std::string prefix = args.rfind("run ", 0) == 0 ? kMpiEnv : "";
+  return run_shell(prefix + FLEXCP_CLI_PATH + " " + args);
+}
+
+// `flexcp run ARGS` on `ranks` processes under mpirun, with `env` exported to them.
+Result run_under_mpirun(int ranks, const std::string& env, const std::string& args) {
+  return run_shell(std::string(kMpiEnv) + "mpirun --allow-run-as-root --oversubscribe -np " +
+                   std::to_string(ranks) + " -x OMP_NUM_THREADS=1 -x ASAN_OPTIONS " + env + " " +
+                   FLEXCP_CLI_PATH + " run " + args);
 }
 
 class Cli : public ::testing::Test {
@@ -397,19 +408,9 @@ namespace {
 
 TEST_F(Cli, RunUnderMpirunMovesWhatThePlanPredictsAndMatchesOneRank) {
   if (!FLEXCP_TEST_WITH_MPI) GTEST_SKIP() << "built without MPI (-DFLEXCP_WITH_MPI=OFF)";
-  const std::string cmd =
-      std::string(kMpiEnv) +
-      std::string(
-          "mpirun --allow-run-as-root --oversubscribe -np 3 -x OMP_NUM_THREADS=1 -x "
-          "ASAN_OPTIONS ") +
-      FLEXCP_CLI_PATH +
-      " run --seqlen 3000 --doc-len 700 --heads 4 --heads-kv 2 --head-dim 32 --dtype fp32 2>&1";
-  FILE* pipe = popen(cmd.c_str(), "r");
-  std::string out;
-  char buf[4096];
-  while (fgets(buf, sizeof buf, pipe)) out += buf;
-  const int status = pclose(pipe);
-  ASSERT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0) << out;
+  const auto [code, out] = run_under_mpirun(
+      3, "", "--seqlen 3000 --doc-len 700 --heads 4 --heads-kv 2 --head-dim 32 --dtype fp32");
+  ASSERT_EQ(code, 0) << out;
   EXPECT_NE(out.find("3 rank(s)"), std::string::npos) << out;
   EXPECT_NE(out.find("plan predicted"), std::string::npos) << out;
   EXPECT_NE(out.find(": equal"), std::string::npos) << out;
@@ -424,21 +425,13 @@ TEST_F(Cli, RunOnGpusMovesWhatThePlanPredictsAndMatchesOneGpu) {
   const Result bad = run_cli("run --comm staged --seqlen 1024");
   EXPECT_EQ(bad.code, 2) << bad.output;
   EXPECT_NE(bad.output.find("--comm: staged needs --device cuda"), std::string::npos) << bad.output;
-  const std::string cmd =
-      std::string(kMpiEnv) +
-      "mpirun --allow-run-as-root --oversubscribe -np 2 -x OMP_NUM_THREADS=1 -x "
-      "NCCL_NVLS_ENABLE=0 -x ASAN_OPTIONS " +
-      FLEXCP_CLI_PATH +
-      " run --device cuda --comm staged --seqlen 4096 --doc-len 700 --heads 8 --heads-kv 2 "
-      "--head-dim 128 --dtype bf16 --layers 2 2>&1";
-  FILE* pipe = popen(cmd.c_str(), "r");
-  std::string out;
-  char buf[4096];
-  while (fgets(buf, sizeof buf, pipe)) out += buf;
-  const int status = pclose(pipe);
+  const auto [code, out] = run_under_mpirun(
+      2, "-x NCCL_NVLS_ENABLE=0",
+      "--device cuda --comm staged --seqlen 4096 --doc-len 700 --heads 8 --heads-kv 2 "
+      "--head-dim 128 --dtype bf16 --layers 2");
   for (const char* no_gpu : {"no usable CUDA device", "this build has no CUDA kernels"})
     if (out.find(no_gpu) != std::string::npos) GTEST_SKIP() << no_gpu;
-  ASSERT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0) << out;
+  ASSERT_EQ(code, 0) << out;
   EXPECT_NE(out.find("2 rank(s)"), std::string::npos) << out;
   EXPECT_NE(out.find(": equal"), std::string::npos) << out;
   for (const char* line : {"layer 0 against one GPU", "layer 1 against one GPU"})
@@ -489,16 +482,12 @@ TEST_F(Cli, ArgumentErrorsExit2AndEndAnMpiJob) {
       std::string(kMpiEnv) +
       "timeout -k 5 60 mpirun --allow-run-as-root --oversubscribe -x ASAN_OPTIONS "
       "-np 1 " +
-      run + " : -np 2 " + run + " --bogus 2>&1";
+      run + " : -np 2 " + run + " --bogus";
   for (int i = 0; i < 12; ++i) {
-    FILE* pipe = popen(cmd.c_str(), "r");
-    std::string out;
-    char buf[4096];
-    while (fgets(buf, sizeof buf, pipe)) out += buf;
-    const int status = pclose(pipe);
-    ASSERT_TRUE(WIFEXITED(status)) << out;
-    ASSERT_NE(WEXITSTATUS(status), 124) << "run " << i << " hung:\n" << out;
-    ASSERT_NE(WEXITSTATUS(status), 0) << out;
+    const auto [code, out] = run_shell(cmd);
+    ASSERT_NE(code, -1) << out;
+    ASSERT_NE(code, 124) << "run " << i << " hung:\n" << out;
+    ASSERT_NE(code, 0) << out;
     EXPECT_NE(out.find("flexcp: error (invalid argument): The following argument was not "
                        "expected: --bogus"),
               std::string::npos)
