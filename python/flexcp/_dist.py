@@ -1,6 +1,7 @@
 """flexcp.DistAttention over a torch.distributed process group: the C++ runtime plans
-and computes; this file gives it a communicator made of the group's point-to-point and collective
-calls (gloo for CPU tensors), and the autograd of the distributed calls."""
+and computes; this file gives it a communicator made of a gloo group's point-to-point and
+collective calls on host memory (on which the C++ side builds, for CUDA tensors, its own NCCL
+communicator or the staged backend), and the autograd of the distributed calls."""
 import collections
 import ctypes
 import os
@@ -118,12 +119,16 @@ class DistAttention:
         out, lse = attn(q_local, k_local, v_local)
         y_global = attn.undispatch(out)         # collective
 
-    Host (CPU) tensors over gloo. (The C++ DistAttention also runs on device tensors over NCCL or
-    the staged backend; this class does not reach it yet.)
+    CPU tensors over a gloo group. CUDA tensors (each rank's on its current device) over an NCCL
+    group run through flexcp's own NCCL communicator, its unique id sent over a gloo group (made
+    here for the default group; pass `host_group`, a gloo group of the same ranks, with an NCCL
+    subgroup); over a gloo group, through the staged backend (device buffers through host memory:
+    for ranks sharing a GPU, a test path, not a fast one). Calls are ordered on torch's current
+    CUDA stream.
     """
 
     def __init__(self, mask, heads_q, heads_kv, head_dim, group=None, chunk_size=0,
-                 chunks_per_rank=0):
+                 chunks_per_rank=0, host_group=None):
         if not isinstance(mask, Mask):
             raise ValueError(f"flexcp.DistAttention: mask must be a flexcp.Mask, "
                              f"got {type(mask).__name__}")
@@ -133,6 +138,8 @@ class DistAttention:
         self.mask = mask
         self.heads_q, self.heads_kv, self.head_dim = int(heads_q), int(heads_kv), int(head_dim)
         self.group = group
+        self._group_on_nccl = "nccl" in str(dist.get_backend(group)).lower()
+        self._host_group = _host_group_for(group, host_group, self._group_on_nccl)
         self._plan_args = (int(chunk_size), int(chunks_per_rank))
         self._impls = {}
         self._rolls = {}
@@ -145,20 +152,32 @@ class DistAttention:
         self.rank = dist.get_rank(group)
         self.world_size = dist.get_world_size(group)
 
-    def _impl_for(self, dtype):
+    def _impl_for(self, dtype, device=torch.device("cpu")):
+        """The C++ object for one dtype on one device (planned on first use, collectively: every
+        rank's first call with that dtype and device type comes in the same order)."""
         if dtype not in _DTYPES:
             raise ValueError(f"flexcp.DistAttention: dtype {dtype}, expected float32, bfloat16 "
                              "or float16")
-        if dtype not in self._impls:
-            self._impls[dtype] = _flexcp.DistAttention(
-                self.mask._mask, _GroupComm(self.group), self.heads_q, self.heads_kv,
-                self.head_dim, _DTYPES[dtype], *self._plan_args)
-        return self._impls[dtype]
+        if device.type not in ("cpu", "cuda"):
+            raise ValueError(f"flexcp.DistAttention: tensors on {device}, expected cpu or cuda")
+        index = 0
+        if device.type == "cuda":
+            index = device.index if device.index is not None else torch.cuda.current_device()
+        key = (dtype, device.type, index)
+        if key not in self._impls:
+            backend = "" if device.type == "cpu" else \
+                "nccl" if self._group_on_nccl else "staged"
+            self._impls[key] = _flexcp.DistAttention(
+                self.mask._mask, _GroupComm(self._host_group), self.heads_q, self.heads_kv,
+                self.head_dim, _DTYPES[dtype], *self._plan_args, device=device.type,
+                device_index=index, backend=backend)
+        return self._impls[key]
 
     def __call__(self, q, k, v, scale=None, softcap=0.0, sink=None):
         """out [T_local, Hq, D] and lse [T_local, Hq] of this rank's rows; differentiable in q, k,
         v and sink. Collective: every rank calls it, in the same order, with the same options.
-        q, k, v (and the output gradient) are made contiguous first if they are not (a copy)."""
+        q, k, v (and the output gradient) are made contiguous first if they are not (a copy).
+        Tensors (and the sink) on one device: the CPU, or this rank's GPU."""
         for name, t in (("q", q), ("k", k), ("v", v)):
             if not isinstance(t, torch.Tensor):
                 raise ValueError(f"flexcp.DistAttention: {name} must be a torch.Tensor")
@@ -233,6 +252,27 @@ class DistAttention:
         return torch.nonzero(self._token_rank == rank).flatten()
 
 
+def _host_group_for(group, host_group, on_nccl):
+    """The gloo group flexcp's host messages go over (the group itself unless it is NCCL's)."""
+    if host_group is not None:
+        if dist.get_world_size(host_group) != dist.get_world_size(group):
+            raise ValueError("flexcp.DistAttention: host_group has "
+                             f"{dist.get_world_size(host_group)} ranks, the group "
+                             f"{dist.get_world_size(group)}; expected a gloo group of the same "
+                             "ranks")
+        return host_group
+    if not on_nccl:
+        return group
+    if group is not None and dist.get_world_size(group) != dist.get_world_size():
+        # Making a group is collective over the default group: a subgroup's ranks alone cannot.
+        raise ValueError("flexcp.DistAttention: the group is an NCCL subgroup; pass host_group, a "
+                         "gloo group of the same ranks (torch.distributed.new_group(ranks, "
+                         "backend='gloo'), made on every rank)")
+    ranks = list(range(dist.get_world_size())) if group is None else \
+        [dist.get_global_rank(group, r) for r in range(dist.get_world_size(group))]
+    return dist.new_group(ranks, backend="gloo")
+
+
 def _document_ids(mask):
     """Document of each token: a boundary is an index no slice's q or k range straddles."""
     t = max(mask.seqlen_q, mask.seqlen_k)
@@ -251,12 +291,13 @@ def _document_ids(mask):
 class _DistForward(torch.autograd.Function):
     @staticmethod
     def forward(ctx, attn, q, k, v, scale, softcap, sink):
-        impl = attn._impl_for(q.dtype)
-        out = torch.empty(q.shape, dtype=q.dtype)
-        lse = torch.empty(q.shape[:2], dtype=torch.float32)
+        impl = attn._impl_for(q.dtype, q.device)
+        out = torch.empty(q.shape, dtype=q.dtype, device=q.device)
+        lse = torch.empty(q.shape[:2], dtype=torch.float32, device=q.device)
         qc, kc, vc = (t.detach().contiguous() for t in (q, k, v))
         context = impl.forward(qc, kc, vc, out, lse, scale, softcap,
-                               None if sink is None else sink.detach().contiguous())
+                               None if sink is None else sink.detach().contiguous(),
+                               _stream_of(q))
         ctx.impl, ctx.context, ctx.has_sink = impl, context, sink is not None
         ctx.kv_shape = k.shape
         ctx.save_for_backward(qc, out, lse)
@@ -266,12 +307,19 @@ class _DistForward(torch.autograd.Function):
     @staticmethod
     def backward(ctx, dout, _dlse):
         q, out, lse = ctx.saved_tensors
+        # The C++ backward runs on its forward's stream (autograd calls this on that one too).
         dq = torch.empty_like(q)
-        dk = torch.empty(ctx.kv_shape, dtype=q.dtype)
-        dv = torch.empty(ctx.kv_shape, dtype=q.dtype)
-        dsink = torch.empty(q.shape[1], dtype=torch.float32) if ctx.has_sink else None
+        dk = torch.empty(ctx.kv_shape, dtype=q.dtype, device=q.device)
+        dv = torch.empty(ctx.kv_shape, dtype=q.dtype, device=q.device)
+        dsink = torch.empty(q.shape[1], dtype=torch.float32, device=q.device) \
+            if ctx.has_sink else None
         ctx.impl.backward(ctx.context, dout.contiguous(), q, out, lse, dq, dk, dv, dsink)
         return None, dq, dk, dv, None, None, dsink
+
+
+def _stream_of(t):
+    """torch's current CUDA stream on t's device, as the integer the C++ side takes (0: CPU)."""
+    return torch.cuda.current_stream(t.device).cuda_stream if t.is_cuda else 0
 
 
 class _Dispatch(torch.autograd.Function):
@@ -289,20 +337,30 @@ class _Dispatch(torch.autograd.Function):
         return out, None
 
 
+def _for_collectives(attn, x):
+    """The group to exchange x over and x as that group takes it: CUDA tensors over an NCCL group
+    as they are; anything else over the gloo group, in host memory."""
+    if x.is_cuda and attn._group_on_nccl:
+        return attn.group, x
+    return attn._host_group, x.cpu()
+
+
 def _gather_rows(attn, x_local):
     """All ranks' local rows into the global tensor (positions from the dispatch)."""
+    device = x_local.device
+    group, x_local = _for_collectives(attn, x_local)
     counts = [int((attn._token_rank == r).sum()) for r in range(attn.world_size)]
     width = max(counts)
     padded = x_local.new_zeros((width, *x_local.shape[1:]))
     padded[:x_local.shape[0]] = x_local
     parts = [torch.empty_like(padded) for _ in range(attn.world_size)]
     padded = padded.contiguous()
-    dist.all_gather(parts, padded, group=attn.group)
+    dist.all_gather(parts, padded, group=group)
     _hold_until_later(padded, parts)
     out = x_local.new_empty((attn.mask.seqlen_q, *x_local.shape[1:]))
     for r, (part, n) in enumerate(zip(parts, counts)):
-        out.index_copy_(0, attn._positions_of(r), part[:n])
-    return out
+        out.index_copy_(0, attn._positions_of(r).to(out.device), part[:n])
+    return out.to(device)
 
 
 class _Undispatch(torch.autograd.Function):
@@ -313,33 +371,35 @@ class _Undispatch(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, grad):
-        summed = grad.contiguous().clone()
-        dist.all_reduce(summed, group=ctx.attn.group)
+        group, summed = _for_collectives(ctx.attn, grad.contiguous().clone())
+        dist.all_reduce(summed, group=group)
         _hold_until_later(summed)
-        return None, summed.index_select(0, ctx.attn.position_ids.to(grad.device))
+        rows = ctx.attn.position_ids.to(summed.device)
+        return None, summed.index_select(0, rows).to(grad.device)
 
 
 def _roll_rows(attn, x_local, shift, within_documents, fill):
+    device = x_local.device
+    group, x_local = _for_collectives(attn, x_local)
     plan = attn._roll_plan(shift, within_documents)
+    peer = (lambda r: dist.get_global_rank(group, r)) if group is not None else (lambda r: r)
     out = torch.full_like(x_local, fill) if within_documents else torch.empty_like(x_local)
     rows, src = plan["local"]
-    out[rows] = x_local[src]
+    out[rows.to(out.device)] = x_local[src.to(x_local.device)]
     works, buffers = [], {}
     for r, send_rows in plan["send"].items():
         if send_rows.numel():
-            works.append(dist.isend(x_local[send_rows].contiguous(),
-                                    dst=dist.get_global_rank(attn.group, r)
-                                    if attn.group is not None else r, group=attn.group))
+            works.append(dist.isend(x_local[send_rows.to(x_local.device)].contiguous(),
+                                    dst=peer(r), group=group))
     for r, (recv_rows, _) in plan["recv"].items():
         if recv_rows.numel():
             buffers[r] = x_local.new_empty((recv_rows.numel(), *x_local.shape[1:]))
-            works.append(dist.irecv(buffers[r], src=dist.get_global_rank(attn.group, r)
-                                    if attn.group is not None else r, group=attn.group))
+            works.append(dist.irecv(buffers[r], src=peer(r), group=group))
     for w in works:
         w.wait()
     for r, buf in buffers.items():
-        out[plan["recv"][r][0]] = buf
-    return out
+        out[plan["recv"][r][0].to(out.device)] = buf
+    return out.to(device)
 
 
 class _Roll(torch.autograd.Function):

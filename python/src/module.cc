@@ -217,11 +217,29 @@ class PyCommunicator final : public Communicator {
   int rank_ = 0, size_ = 1;
 };
 
-// DistAttention over a Python communicator (which it owns, so that it outlives the plan).
+// DistAttention over a Python communicator (which it owns, so that it outlives the plan). On
+// device tensors, over a device communicator built on it: flexcp's NCCL (its unique id gathered
+// over the Python one) or the staged backend (device buffers through host memory over it).
 struct PyDistAttention {
   std::unique_ptr<PyCommunicator> comm;
+  std::unique_ptr<Communicator> device_comm;
   std::unique_ptr<DistAttention> attn;
 };
+
+Device device_of(const std::string& name, const char* fn) {
+  if (name == "cpu") return Device::kCpu;
+  if (name == "cuda") return Device::kCuda;
+  bad(std::string(fn) + ": device is '" + name + "', expected 'cpu' or 'cuda'");
+}
+
+std::unique_ptr<Communicator> device_communicator(Communicator& host, const std::string& backend,
+                                                  int device_index, const char* fn) {
+  DeviceCommOptions o;
+  o.device = device_index;
+  if (backend == "nccl") return make_nccl_communicator(host, o);
+  if (backend == "staged") return make_staged_communicator(host, o);
+  bad(std::string(fn) + ": backend is '" + backend + "', expected 'nccl' or 'staged'");
+}
 
 }  // namespace
 }  // namespace flexcp::python
@@ -349,7 +367,18 @@ NB_MODULE(_flexcp, m) {
 
   nb::class_<DistContext>(m, "DistContext")
       .def("empty", &DistContext::empty)
-      .def("bytes_received", [](const DistContext& c) { return c.stats().fwd_bytes_received; });
+      .def("bytes_received", [](const DistContext& c) { return c.stats().fwd_bytes_received; })
+      // Per forward stage (stage 0 first): (exposed wait for K/V, kernel) in ms, then the
+      // forward's and the backward's totals; device time on device tensors (waits for the work).
+      .def("stage_ms",
+           [](const DistContext& c) {
+             std::vector<std::tuple<double, double>> out;
+             for (const StageTiming& t : c.stats().forward)
+               out.emplace_back(t.wait_ms, t.compute_ms);
+             return out;
+           })
+      .def("forward_ms", [](const DistContext& c) { return c.stats().forward_ms; })
+      .def("backward_ms", [](const DistContext& c) { return c.stats().backward_ms; });
 
   // DistAttention on one rank, over a Python communicator (flexcp._dist). Collective calls.
   nb::class_<PyDistAttention>(m, "DistAttention")
@@ -357,18 +386,28 @@ NB_MODULE(_flexcp, m) {
           "__init__",
           [](PyDistAttention* self, const Mask& mask, nb::object comm, std::int64_t heads_q,
              std::int64_t heads_kv, std::int64_t head_dim, const std::string& dtype,
-             std::int64_t chunk_size, std::int64_t chunks_per_rank) {
+             std::int64_t chunk_size, std::int64_t chunks_per_rank, const std::string& device,
+             int device_index, const std::string& backend) {
+            const char* fn = "flexcp.DistAttention";
             new (self) PyDistAttention();
             self->comm = std::make_unique<PyCommunicator>(std::move(comm));
             DistAttentionOptions o;
             o.plan.chunk_size = chunk_size;
             o.plan.chunks_per_rank = chunks_per_rank;
-            self->attn = std::make_unique<DistAttention>(mask, *self->comm, heads_q, heads_kv,
-                                                         head_dim, parse_dtype(dtype), o);
+            o.plan.device = device_of(device, fn);
+            o.plan.device_index = device_index;
+            Communicator* c = self->comm.get();
+            if (o.plan.device == Device::kCuda) {
+              self->device_comm = device_communicator(*self->comm, backend, device_index, fn);
+              c = self->device_comm.get();
+            }
+            self->attn = std::make_unique<DistAttention>(mask, *c, heads_q, heads_kv, head_dim,
+                                                         parse_dtype(dtype), o);
           },
           nb::arg("mask"), nb::arg("comm"), nb::arg("heads_q"), nb::arg("heads_kv"),
           nb::arg("head_dim"), nb::arg("dtype"), nb::arg("chunk_size") = 0,
-          nb::arg("chunks_per_rank") = 0)
+          nb::arg("chunks_per_rank") = 0, nb::arg("device") = "cpu", nb::arg("device_index") = 0,
+          nb::arg("backend") = "")
       .def("local_q_tokens", [](const PyDistAttention& d) { return d.attn->local_q_tokens(); })
       .def("local_k_tokens", [](const PyDistAttention& d) { return d.attn->local_k_tokens(); })
       .def("position_ids", [](const PyDistAttention& d) { return d.attn->position_ids(); })
@@ -391,14 +430,14 @@ NB_MODULE(_flexcp, m) {
           "forward",
           [](PyDistAttention& d, const Array& q, const Array& k, const Array& v,
              const MutableArray& out, const MutableArray& lse, double scale, double softcap,
-             const nb::object& sink) {
+             const nb::object& sink, std::uintptr_t stream) {
             const char* fn = "flexcp.DistAttention";
             return d.attn->forward(view_of(q, fn, "q"), view_of(k, fn, "k"), view_of(v, fn, "v"),
                                    view_of(out, fn, "out"), view_of(lse, fn, "lse"),
-                                   options_of(scale, softcap, sink, 0, fn));
+                                   options_of(scale, softcap, sink, stream, fn));
           },
           nb::arg("q"), nb::arg("k"), nb::arg("v"), nb::arg("out"), nb::arg("lse"),
-          nb::arg("scale"), nb::arg("softcap"), nb::arg("sink").none())
+          nb::arg("scale"), nb::arg("softcap"), nb::arg("sink").none(), nb::arg("stream") = 0)
       .def(
           "backward",
           [](PyDistAttention& d, DistContext& ctx, const Array& dout, const Array& q,

@@ -1,7 +1,9 @@
 """flexcp.DistAttention over torch.distributed (gloo), real processes on 1, 2, 3 and 4 ranks:
 results and gradients equal the single-process ones, for layers sharing one object with their
 backwards in any order; roll equals torch.roll on the global tensor; dispatch and undispatch round
-trips are bit-exact; a rank with another mask is stopped before data moves."""
+trips are bit-exact; a rank with another mask is stopped before data moves. On CUDA tensors (GPU
+hosts): over an NCCL group (one rank per GPU) and over gloo with the staged backend (ranks sharing
+the GPU), against one GPU's flexcp.attention."""
 import datetime
 import os
 
@@ -20,20 +22,20 @@ def problem():
     return mask, mask.seqlen_q
 
 
-def layer_inputs(seed, t, dtype):
+def layer_inputs(seed, t, dtype, d=D, device="cpu"):
     g = torch.Generator().manual_seed(seed)
-    q = (2 * torch.rand(t, HQ, D, generator=g) - 1).mul(2).to(dtype)
-    k = (2 * torch.rand(t, HK, D, generator=g) - 1).mul(2).to(dtype)
-    v = (2 * torch.rand(t, HK, D, generator=g) - 1).to(dtype)
-    dout = (2 * torch.rand(t, HQ, D, generator=g) - 1).to(dtype)
+    q = (2 * torch.rand(t, HQ, d, generator=g) - 1).mul(2).to(dtype)
+    k = (2 * torch.rand(t, HK, d, generator=g) - 1).mul(2).to(dtype)
+    v = (2 * torch.rand(t, HK, d, generator=g) - 1).to(dtype)
+    dout = (2 * torch.rand(t, HQ, d, generator=g) - 1).to(dtype)
     sink = torch.rand(HQ, generator=g) * 2
-    return q, k, v, dout, sink
+    return tuple(x.to(device) for x in (q, k, v, dout, sink))
 
 
-def check_layers(attn, mask, t, dtype, backward_order, with_sink):
+def check_layers(attn, mask, t, dtype, backward_order, with_sink, d=D, device="cpu"):
     layers = []
     for i in range(len(backward_order)):
-        q, k, v, dout, sink = layer_inputs(100 + i, t, dtype)
+        q, k, v, dout, sink = layer_inputs(100 + i, t, dtype, d, device)
         # One process's result, autograd included.
         qs, ks, vs = (x.clone().requires_grad_() for x in (q, k, v))
         ss = sink.clone().requires_grad_() if with_sink else None
@@ -63,7 +65,10 @@ def check_layers(attn, mask, t, dtype, backward_order, with_sink):
             assert err <= 4 * ulp * scale, f"{name}: {err}"
         if with_sink:
             # Each rank's sink gradient is the sum over all ranks (as for a replicated parameter).
-            assert torch.allclose(sl.grad, want[5], rtol=1e-4, atol=1e-4), (sl.grad, want[5])
+            # It sums dO . O over the rows, O rounded to the dtype by each run (stages merge in
+            # another order than one call): in bf16 a relative 2e-3, as the C++ device tests.
+            tol = 1e-4 if dtype == torch.float32 or o.device.type == "cpu" else 2e-3
+            assert torch.allclose(sl.grad, want[5], rtol=tol, atol=tol), (sl.grad, want[5])
 
 
 def check_roll(attn, t):
@@ -129,3 +134,37 @@ def worker(rank, world, init_file):
 def test_dist_attention_over_gloo(world, tmp_path):
     os.environ.setdefault("OMP_NUM_THREADS", "1")
     mp.spawn(worker, args=(world, str(tmp_path / "init")), nprocs=world, join=True)
+
+
+def cuda_worker(rank, world, backend, init_file):
+    torch.cuda.set_device(0)  # one GPU: NCCL with one rank, or staged ranks sharing it
+    os.environ.update(NCCL_NVLS_ENABLE="0", TORCH_SYMM_MEM_DISABLE_MULTICAST="1")
+    dist.init_process_group(backend, init_method=f"file://{init_file}", rank=rank,
+                            world_size=world, timeout=datetime.timedelta(seconds=120))
+    try:
+        mask, t = problem()
+        attn = flexcp.DistAttention(mask, HQ, HK, 64)
+        x = torch.randn(t, HQ, 64, device="cuda").bfloat16()
+        assert torch.equal(attn.undispatch(attn.dispatch(x)), x)
+        # The sm90 kernels (bf16, head dim 64): two layers, backwards in reverse order.
+        check_layers(attn, mask, t, torch.bfloat16, [1, 0], with_sink=True, d=64, device="cuda")
+        y = torch.randn(t, 3, device="cuda")
+        assert torch.equal(attn.undispatch(attn.roll(attn.dispatch(y), 5)), torch.roll(y, 5, 0))
+        lq, lk = attn.position_ids.shape[0], attn.kv_token_ids.shape[0]
+        with pytest.raises(ValueError, match="k is on cpu, expected cuda:0"):
+            z = torch.zeros(lq, HQ, 64, device="cuda").bfloat16()
+            attn(z, torch.zeros(lk, HK, 64).bfloat16(), torch.zeros(lk, HK, 64).bfloat16())
+    finally:
+        dist.destroy_process_group()
+
+
+@pytest.mark.parametrize("backend,world", [("nccl", 1), ("gloo", 1), ("gloo", 2)])
+def test_dist_attention_on_cuda_tensors(backend, world, tmp_path):
+    if not torch.cuda.is_available():
+        pytest.skip("no CUDA device: the CUDA DistAttention runs on the GPU host")
+    if not flexcp._flexcp.built_with_cuda():
+        pytest.skip("flexcp was built without CUDA kernels")
+    if backend == "nccl" and world > torch.cuda.device_count():
+        pytest.skip(f"NCCL needs {world} GPUs")
+    os.environ.setdefault("OMP_NUM_THREADS", "1")
+    mp.spawn(cuda_worker, args=(world, backend, str(tmp_path / "init")), nprocs=world, join=True)
