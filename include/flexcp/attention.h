@@ -31,7 +31,9 @@ struct AttentionOptions {
 };
 
 // out[q] = sum_k softmax_k(s(q, k)) v[k] over the keys q attends; lse[q] = log sum_k exp(s(q, k))
-// (plus exp(sink) when given). A row that attends no key gets out = 0 and lse = -inf.
+// (plus exp(sink) when given). A row that attends no key gets out = 0 and lse = -inf. out has the
+// input dtype, or is fp32: then it receives the normalised fp32 sums unrounded (for a caller that
+// merges partial outputs through their lse; rounded they are the bits the input dtype receives).
 // The tensors must match the plan's shape. Device plans need a bound workspace.
 FLEXCP_API void forward(const AttentionPlan& plan, const TensorView& q, const TensorView& k,
                         const TensorView& v, const TensorView& out, const TensorView& lse,

@@ -14,11 +14,12 @@
 // Tensors live where options.plan.device says, and the communicator must move that memory: host
 // tensors over `local` or `mpi` (the CPU kernels, stage by stage), device tensors over `nccl` or
 // `staged` (flexcp/comm.h; CUDA builds). On device tensors every call is stream-ordered on the
-// forward's options.cuda_stream (its backward runs there too), the rank's work runs as one sm90
-// kernel plan over its own and received K/V columns once every stage's K/V has arrived (the
-// per-stage overlap is not built yet), dK/dV partials travel in fp32 and each owner adds them in a
-// fixed order and rounds once (deterministic), and DistStats carries the bytes (not yet the
-// per-stage timings). dispatch_* and undispatch_* take host tensors in both cases.
+// forward's options.cuda_stream (its backward runs there too): the forward's stage 0 runs on the
+// own K/V while the later stages' K/V arrive on the communicator's stream, each stage's kernel
+// waiting only for its own data, and the stages' fp32 partials merge on the GPU; the backward runs
+// one kernel over all columns, dK/dV partials travel in fp32 and each owner adds them in a fixed
+// order and rounds once (deterministic). Their DistStats are timed by events on the stream.
+// dispatch_* and undispatch_* take host tensors in both cases.
 #pragma once
 
 #include <cstdint>
@@ -44,7 +45,12 @@ struct StageTiming {
   double compute_ms = 0;  // the kernel on this stage's work
 };
 
-// What one forward (and the backward that took its context) moved and how long it took.
+// What one forward (and the backward that took its context) moved and how long it took. On host
+// tensors, host time. On device tensors, device time read from events on the stream: a stage's
+// wait_ms is how long the stream stood still waiting for that stage's K/V (the exposed
+// communication), its compute_ms its kernel and merge (stage 0: also the copy of the own rows);
+// the backward is one stage (its kernel), backward_ms adds returning and summing the partials.
+// Reading them waits on the host for the timed work.
 struct DistStats {
   std::int64_t fwd_bytes_received = 0;  // K and V, in the input dtype, as the transport counted
   std::int64_t fwd_bytes_sent = 0;

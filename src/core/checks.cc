@@ -216,7 +216,12 @@ CallShape check_forward(const ArgChecker& c, const AttentionShape& shape, const 
                         const TensorView& lse, const AttentionOptions& options, bool reference) {
   check_against(c, read_shape(c, q, k, v, reference), shape, q, k);
   check_options(c, shape, options);
-  check_like(c, "out", out, q, reference ? DType::kFloat64 : shape.dtype, "[Tq, Hq, D]");
+  // out may also be fp32: the kernels' normalised fp32 sums, unrounded, for a caller that merges
+  // them with other partial outputs (the distributed forward's stages).
+  const DType out_dtype = reference                      ? DType::kFloat64
+                          : out.dtype == DType::kFloat32 ? DType::kFloat32
+                                                         : shape.dtype;
+  check_like(c, "out", out, q, out_dtype, "[Tq, Hq, D]");
   check_lse(c, "lse", lse, shape, reference ? DType::kFloat64 : DType::kFloat32);
   c.no_alias(
       {{"out", &out}, {"lse", &lse}},

@@ -63,6 +63,7 @@ bool DistContext::empty() const {
 const DistStats& DistContext::stats() const {
   if (!state_)
     throw Error(Status::kInvalidUsage, "flexcp::DistContext::stats: the context is empty");
+  runtime::read_device_timings(*state_);  // device tensors: the events, once they are reached
   return state_->stats;
 }
 
@@ -350,8 +351,7 @@ DistContext DistAttention::forward(const TensorView& q, const TensorView& k, con
   state->softcap = options.softcap;
   state->deterministic = options.deterministic;
   if (m.device == Device::kCuda) {
-    runtime::device_forward(m, *state, q, k, v, out, lse, options);
-    state->stats.forward_ms = ms_since(t_all);
+    runtime::device_forward(m, *state, q, k, v, out, lse, options);  // timed on the device
     return DistContext(std::move(state));
   }
   if (!options.sink.empty())
@@ -456,8 +456,7 @@ void DistAttention::backward(DistContext& context, const TensorView& dout, const
   DistStats& stats = ctx.stats;
   stats.bwd_bytes_received = stats.bwd_bytes_sent = 0;
   if (m.device == Device::kCuda) {
-    runtime::device_backward(m, ctx, dout, q, out, lse, dq, dk, dv, dsink);
-    stats.backward_ms = ms_since(t_all);
+    runtime::device_backward(m, ctx, dout, q, out, lse, dq, dk, dv, dsink);  // timed on the device
     return;
   }
   const int stages = m.me().num_stages;

@@ -65,10 +65,58 @@ std::int64_t exchange_in_stream_order(Communicator& comm, Exchanges& x, void* st
   return received;
 }
 
+constexpr std::size_t kWorkspaceAlign = 256;  // AttentionPlan::bind_workspace's alignment
+
+std::size_t aligned(std::size_t bytes) {
+  return (bytes + kWorkspaceAlign - 1) / kWorkspaceAlign * kWorkspaceAlign;
+}
+
 }  // namespace
+
+// Events recorded on the forward's stream: `begin` when the call starts, per stage s `waiting[s]`
+// before its wait for data, `arrived[s]` after it, `computed[s]` after its kernel (and merge),
+// `end` after the last send; the backward's `begin`, `computed` (its kernel), `end` (partials
+// added and rounded). Read once per direction.
+struct DeviceTimeline {
+  struct Forward {
+    cudaEvent_t begin = nullptr, end = nullptr;
+    std::vector<cudaEvent_t> waiting, arrived, computed;
+  } fwd;
+  cudaEvent_t bwd_begin = nullptr, bwd_computed = nullptr, bwd_end = nullptr;
+  bool fwd_read = false, bwd_read = false;
+  std::vector<cudaEvent_t> all;  // every event made, destroyed with the timeline
+  int device_index = 0;
+
+  cudaEvent_t record(void* stream, const char* fn) {
+    cudaEvent_t e = nullptr;
+    cuda::check(cudaEventCreate(&e), fn, "creating a timing event");
+    all.push_back(e);
+    cuda::check(cudaEventRecord(e, as_stream(stream)), fn, "recording a timing event");
+    return e;
+  }
+  ~DeviceTimeline() {
+    int previous = 0;
+    cudaGetDevice(&previous);
+    cudaSetDevice(device_index);
+    for (cudaEvent_t e : all) cudaEventDestroy(e);
+    cudaSetDevice(previous);
+  }
+};
+
+void DeviceTimelineDeleter::operator()(DeviceTimeline* t) const {
+  delete t;
+}
 
 struct DeviceRun {
   AttentionPlan plan;  // every stage's work over [q rows, own + received columns)
+  // With remote stages, each stage's work alone (forward only), in the same workspace: the
+  // forward runs stage by stage as the K/V arrive. Stage s's plan reads only the first
+  // stage_columns[s] columns (the own ones and those of stages 1..s, laid out in stage order):
+  // a block at the edge of its work would otherwise read columns still in flight (the memory of
+  // an earlier call, NaN as likely as not), and 0 x NaN in P V is NaN. Past them the kernel's
+  // loads read zeros.
+  std::vector<AttentionPlan> stage_plans;
+  std::vector<std::int64_t> stage_columns;
   void* workspace = nullptr;
   int device_index = 0;
   ~DeviceRun() {
@@ -98,16 +146,99 @@ DeviceRunPtr make_device_run(const DistCore& m) {
       m.dtype,    Device::kCuda,          m.device_index};
   DeviceRunPtr run(new DeviceRun);
   run->plan = AttentionPlan(work, shape);
+  if (m.me().num_stages > 0) {
+    run->stage_columns.assign(m.me().stage_work.size(), m.layout.own_columns);
+    for (std::size_t i = 0; i < m.me().recv.size(); ++i) {
+      const RemoteRange& r = m.me().recv[i];
+      for (std::size_t st = r.stage; st < run->stage_columns.size(); ++st)
+        run->stage_columns[st] =
+            std::max(run->stage_columns[st], m.layout.recv_column[i] + r.tokens.size());
+    }
+    for (std::size_t st = 0; st < m.me().stage_work.size(); ++st) {
+      AttentionShape upto = shape;
+      upto.seqlen_k = run->stage_columns[st];
+      run->stage_plans.emplace_back(m.me().stage_work[st], upto,
+                                    AttentionPlanOptions{.backward = false});
+    }
+  }
   run->device_index = m.device_index;
   const cuda::DeviceGuard guard(m.device_index, kCtor);
-  const std::size_t bytes = run->plan.workspace_bytes();
+  std::size_t bytes = aligned(run->plan.workspace_bytes());
+  for (const AttentionPlan& p : run->stage_plans) bytes += aligned(p.workspace_bytes());
   cuda::check(cudaMalloc(&run->workspace, std::max<std::size_t>(bytes, 1)), kCtor,
-              "allocating the plan's workspace");
-  run->plan.bind_workspace(run->workspace, bytes, nullptr);
+              "allocating the plans' workspace");
+  auto* at = static_cast<unsigned char*>(run->workspace);
+  run->plan.bind_workspace(at, run->plan.workspace_bytes(), nullptr);
+  at += aligned(run->plan.workspace_bytes());
+  for (AttentionPlan& p : run->stage_plans) {
+    p.bind_workspace(at, p.workspace_bytes(), nullptr);
+    at += aligned(p.workspace_bytes());
+  }
   // Written before any stream (blocking or not) runs the plan.
   cuda::check(cudaStreamSynchronize(nullptr), kCtor, "writing the plan's workspace");
   return run;
 }
+
+namespace {
+
+// With remote stages: each stage's kernel into an fp32 partial as soon as its K/V are in (stage 0
+// at once), merged into the first stage's through the lse, then the sink and one rounding.
+void staged_forward(DistCore& m, DeviceTimeline& t, std::vector<std::unique_ptr<CommHandle>>& h,
+                    const TensorView& q, const DeviceColumns& d, const TensorView& out,
+                    const TensorView& lse, const AttentionOptions& options, DistStats& stats) {
+  void* stream = options.cuda_stream;
+  const auto s = as_stream(stream);
+  const std::int64_t tq = m.q_rows(), hq = m.heads_q, dim = m.head_dim, rows = tq * hq;
+  auto acc = device_alloc(rows * dim * sizeof(float), stream, kFwd, "the merged output");
+  auto acc_lse = device_alloc(rows * sizeof(float), stream, kFwd, "the merged lse");
+  auto part = device_alloc(rows * dim * sizeof(float), stream, kFwd, "a stage's output");
+  auto part_lse = device_alloc(rows * sizeof(float), stream, kFwd, "a stage's lse");
+  auto f32 = [](const std::shared_ptr<void>& p) { return static_cast<float*>(p.get()); };
+  auto out_view = [&](const std::shared_ptr<void>& p) {
+    return device_view(p.get(), DType::kFloat32, tq, hq, dim, m.device_index);
+  };
+  auto lse_view = [&](const std::shared_ptr<void>& p) {
+    TensorView v = make_view(p.get(), DType::kFloat32, {tq, hq});
+    v.device = Device::kCuda;
+    v.device_index = m.device_index;
+    return v;
+  };
+  AttentionOptions partial = options;
+  partial.sink = {};  // joins once, after the merge
+  bool merged_any = false;
+  const int stages = m.me().num_stages;
+  for (int st = 0; st <= stages; ++st) {
+    if (st > 0) {
+      t.fwd.waiting[st] = t.record(stream, kFwd);
+      h[st]->wait_on(stream);
+      stats.fwd_bytes_received += static_cast<std::int64_t>(h[st]->bytes_received());
+      t.fwd.arrived[st] = t.record(stream, kFwd);
+    }
+    const AttentionPlan& plan = m.device_run->stage_plans[st];
+    if (plan.area() > 0) {
+      const bool first = !merged_any;
+      const std::int64_t cols = m.device_run->stage_columns[st];
+      const TensorView k_cols =
+          device_view(d.k.get(), m.dtype, cols, m.heads_kv, m.head_dim, m.device_index);
+      const TensorView v_cols =
+          device_view(d.v.get(), m.dtype, cols, m.heads_kv, m.head_dim, m.device_index);
+      forward(plan, q, k_cols, v_cols, out_view(first ? acc : part),
+              lse_view(first ? acc_lse : part_lse), partial);
+      if (!first) merge_partial(f32(acc), f32(acc_lse), f32(part), f32(part_lse), rows, dim, s);
+      merged_any = true;
+    }
+    t.fwd.computed[st] = t.record(stream, kFwd);
+  }
+  if (!merged_any) {  // no stage attends anything: out = 0, lse = -inf
+    cuda::check(cudaMemsetAsync(acc.get(), 0, rows * dim * sizeof(float), s), kFwd,
+                "clearing the output");
+    fill_empty_lse(f32(acc_lse), rows, s);
+  }
+  finish_output(f32(acc), f32(acc_lse), static_cast<const float*>(options.sink.data), hq, out.data,
+                m.dtype, static_cast<float*>(lse.data), rows, dim, s);
+}
+
+}  // namespace
 
 void device_forward(DistCore& m, DistContext::State& ctx, const TensorView& q, const TensorView& k,
                     const TensorView& v, const TensorView& out, const TensorView& lse,
@@ -120,6 +251,15 @@ void device_forward(DistCore& m, DistContext::State& ctx, const TensorView& q, c
   d.stream = stream;
   d.heads_q = m.heads_q;
   d.device_index = m.device_index;
+  d.timeline.reset(new DeviceTimeline);
+  DeviceTimeline& t = *d.timeline;
+  t.device_index = m.device_index;
+  const int stages = m.me().num_stages, exchanges = m.layout.exchanges;
+  t.fwd.waiting.assign(stages + 1, nullptr);
+  t.fwd.arrived.assign(stages + 1, nullptr);
+  t.fwd.computed.assign(stages + 1, nullptr);
+  t.fwd.begin = t.record(stream, kFwd);
+
   d.k = device_alloc(cols * row, stream, kFwd, "the K columns");
   d.v = device_alloc(cols * row, stream, kFwd, "the V columns");
   // Sends read the own rows in the column buffers: copied in first, on the same stream.
@@ -128,20 +268,36 @@ void device_forward(DistCore& m, DistContext::State& ctx, const TensorView& q, c
               kFwd, "copying the own K rows");
   cuda::check(cudaMemcpyAsync(d.v.get(), v.data, own, cudaMemcpyDeviceToDevice, as_stream(stream)),
               kFwd, "copying the own V rows");
+  AttentionOptions opts = options;
   if (!options.sink.empty()) {  // the backward's copy: the caller may change its sink
     const std::size_t sink_bytes = m.heads_q * sizeof(float);
     d.sink = device_alloc(sink_bytes, stream, kFwd, "the sink copy");
     cuda::check(cudaMemcpyAsync(d.sink.get(), options.sink.data, sink_bytes,
                                 cudaMemcpyDeviceToDevice, as_stream(stream)),
                 kFwd, "copying the sink");
+    opts.sink = d.sink_view();
   }
   Exchanges x = m.kv_exchanges(bytes_of(d.k), bytes_of(d.v), ctx.stats);
-  ctx.stats.fwd_bytes_received = exchange_in_stream_order(*m.comm, x, stream);
-  // Every stage's columns are in: one kernel over all of them.
-  forward(m.device_run->plan, q,
-          device_view(d.k.get(), m.dtype, cols, m.heads_kv, m.head_dim, m.device_index),
-          device_view(d.v.get(), m.dtype, cols, m.heads_kv, m.head_dim, m.device_index), out, lse,
-          options);
+  std::vector<std::unique_ptr<CommHandle>> handles(exchanges + 1);
+  for (int s = 1; s <= exchanges; ++s)
+    handles[s] = m.comm->start_on(stream, x.sends[s], x.recvs[s]);
+
+  ctx.stats.fwd_bytes_received = 0;
+  if (stages == 0) {  // only the own columns: one kernel, straight into out and lse
+    forward(m.device_run->plan, q,
+            device_view(d.k.get(), m.dtype, cols, m.heads_kv, m.head_dim, m.device_index),
+            device_view(d.v.get(), m.dtype, cols, m.heads_kv, m.head_dim, m.device_index), out, lse,
+            opts);
+    t.fwd.computed[0] = t.record(stream, kFwd);
+  } else {
+    staged_forward(m, t, handles, q, d, out, lse, opts, ctx.stats);
+  }
+  for (int s = stages + 1; s <= exchanges; ++s) {  // what this rank sends for later stages
+    handles[s]->wait_on(stream);
+    ctx.stats.fwd_bytes_received += static_cast<std::int64_t>(handles[s]->bytes_received());
+  }
+  t.fwd.end = t.record(stream, kFwd);
+  t.fwd_read = false;
 }
 
 void device_backward(DistCore& m, DistContext::State& ctx, const TensorView& dout,
@@ -160,6 +316,9 @@ void device_backward(DistCore& m, DistContext::State& ctx, const TensorView& dou
   std::shared_ptr<void> dsink_mine;
   if (!dsink.empty()) dsink_mine = device_alloc(hq * sizeof(float), stream, kBwd, "dsink");
 
+  DeviceTimeline& t = *ctx.device.timeline;
+  t.bwd_begin = t.record(stream, kBwd);
+  t.bwd_read = false;
   AttentionOptions options = ctx.options();
   options.cuda_stream = stream;
   backward(m.device_run->plan, dout, q,
@@ -169,6 +328,7 @@ void device_backward(DistCore& m, DistContext::State& ctx, const TensorView& dou
            device_view(dv_cols.get(), DType::kFloat32, cols, hk, dim, m.device_index), options,
            dsink.empty() ? TensorView{} : device_vector(dsink_mine.get(), hq, m.device_index));
 
+  t.bwd_computed = t.record(stream, kBwd);
   // Received columns' partials to their owners; this rank's pieces' partials back from theirs.
   Exchanges x =
       m.grad_exchanges(bytes_of(dk_cols), bytes_of(dv_cols), bytes_of(partials), ctx.stats);
@@ -189,6 +349,7 @@ void device_backward(DistCore& m, DistContext::State& ctx, const TensorView& dou
   }
   store_as(dk.data, m.dtype, dkc, own * per_row, s);
   store_as(dv.data, m.dtype, dvc, own * per_row, s);
+  t.bwd_end = t.record(stream, kBwd);
 
   if (!dsink.empty()) {  // each rank's rows, then the sum over ranks in rank order
     std::vector<float> mine(hq), all(hq * m.comm->size()), total(hq, 0.f);
@@ -203,6 +364,43 @@ void device_backward(DistCore& m, DistContext::State& ctx, const TensorView& dou
     cuda::check(
         cudaMemcpyAsync(dsink.data, total.data(), hq * sizeof(float), cudaMemcpyHostToDevice, s),
         kBwd, "writing dsink");
+  }
+}
+
+void read_device_timings(DistContext::State& ctx) {
+  if (!ctx.device.timeline) return;
+  DeviceTimeline& t = *ctx.device.timeline;
+  constexpr const char* kStats = "flexcp::DistContext::stats";
+  const cuda::DeviceGuard guard(t.device_index, kStats);
+  auto ms = [&](cudaEvent_t a, cudaEvent_t b) {
+    cuda::check(cudaEventSynchronize(b), kStats, "waiting for the timed work");
+    float v = 0;
+    cuda::check(cudaEventElapsedTime(&v, a, b), kStats, "reading a timing event");
+    return static_cast<double>(v);
+  };
+  DistStats& st = ctx.stats;
+  if (!t.fwd_read && t.fwd.end != nullptr) {
+    const std::size_t stages = t.fwd.computed.size();
+    st.forward.assign(stages, {});
+    cudaEvent_t last = t.fwd.begin;
+    for (std::size_t s = 0; s < stages; ++s) {
+      if (t.fwd.arrived[s] != nullptr) {
+        st.forward[s].wait_ms = ms(t.fwd.waiting[s], t.fwd.arrived[s]);
+        last = t.fwd.arrived[s];
+      }
+      if (t.fwd.computed[s] != nullptr) {
+        st.forward[s].compute_ms = ms(last, t.fwd.computed[s]);
+        last = t.fwd.computed[s];
+      }
+    }
+    st.forward_ms = ms(t.fwd.begin, t.fwd.end);
+    t.fwd_read = true;
+  }
+  if (!t.bwd_read && t.bwd_end != nullptr) {
+    st.backward.assign(1, {});
+    st.backward[0].compute_ms = ms(t.bwd_begin, t.bwd_computed);
+    st.backward_ms = ms(t.bwd_begin, t.bwd_end);
+    t.bwd_read = true;
   }
 }
 

@@ -1,16 +1,18 @@
 // DistAttention on device tensors (plan.device cuda, a communicator on device memory: nccl or
-// staged). The rank's work of every stage runs as one kernel plan over its K/V columns (own rows,
-// then the received pieces), bound once to a workspace the DistAttention owns:
+// staged), bound once to kernel plans and a workspace the DistAttention owns:
 //   forward:  own rows into the context's column buffers; every stage's K/V exchange started on
-//             the caller's stream, each waited on in stream order; one forward over all columns
-//             straight into out and lse (so its rounding is the single-GPU kernel's);
+//             the caller's stream (the communicator's own stream carries them); stage 0 runs on
+//             the own columns at once, and each later stage's kernel waits in stream order for
+//             that stage's K/V only. With remote stages, each stage's forward-only plan writes an
+//             fp32 partial out and lse, merged on the GPU through their lse, the sink folded in
+//             once and out rounded once; without, one kernel writes out and lse directly (the
+//             bare kernel's bits);
 //   backward: one backward over all columns with dK and dV in fp32; each stage's received
 //             columns' partials returned to their owners; each owner adds the partials it gets to
 //             its own rows in a fixed order (pieces in plan order) and rounds once; dsink summed
 //             over ranks in rank order.
-// Nothing waits on the host but the dsink sum. Not yet: the per-stage overlap of the forward (the
-// kernel would need fp32 partial outputs to merge stages without rounding between them) and the
-// per-stage timings (DistStats has the bytes).
+// Events on the stream time each stage (its exposed wait for data and its kernel); the context
+// reads them when its stats are asked for. Nothing waits on the host but the dsink sum.
 #pragma once
 
 #include <cstdint>
@@ -24,6 +26,11 @@ namespace flexcp::runtime {
 
 struct DistCore;
 
+struct DeviceTimeline;  // the events of one forward and its backward
+struct DeviceTimelineDeleter {
+  void operator()(DeviceTimeline* t) const;
+};
+
 // A context's device memory: the K/V columns and a copy of the sink, each freed in stream order
 // on the stream of the forward that allocated it (which must outlive the context). Its backward
 // runs on that stream too.
@@ -32,10 +39,11 @@ struct DeviceColumns {
   void* stream = nullptr;
   std::int64_t heads_q = 0;
   int device_index = 0;
+  std::unique_ptr<DeviceTimeline, DeviceTimelineDeleter> timeline;
   TensorView sink_view() const;
 };
 
-struct DeviceRun;  // the kernel plan over all columns and its workspace
+struct DeviceRun;  // the kernel plans over the columns and their workspace
 struct DeviceRunDeleter {
   void operator()(DeviceRun* run) const;
 };
@@ -52,6 +60,9 @@ void device_backward(DistCore& m, DistContext::State& ctx, const TensorView& dou
                      const TensorView& q, const TensorView& out, const TensorView& lse,
                      const TensorView& dq, const TensorView& dk, const TensorView& dv,
                      const TensorView& dsink);
+// Fills the stats' stage timings, forward_ms and backward_ms from the context's events (waiting
+// for them on the host), once per direction; nothing for host contexts.
+void read_device_timings(DistContext::State& ctx);
 // gather_kv on device tensors: on the default stream, finished when it returns.
 void device_gather_kv(DistCore& m, const TensorView& k, const TensorView& v,
                       const TensorView& k_buffer, const TensorView& v_buffer);

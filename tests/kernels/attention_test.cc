@@ -256,6 +256,26 @@ TEST(Attention, Fp32KeyGradientsRoundToTheInputDtypesBits) {
   }
 }
 
+// out into an fp32 tensor: the normalised fp32 sums unrounded. Rounded to the input dtype they are
+// the bits the same call writes into an input-dtype out; lse is the same.
+TEST(Attention, Fp32OutputRoundsToTheInputDtypesBits) {
+  std::mt19937_64 rng(62);
+  const std::int64_t tq = 170, tk = 210, hq = 8, hk = 2, d = 64;
+  for (const DType dt : {DType::kBFloat16, DType::kFloat16}) {
+    const Mask mask = test::random_mask(rng, tq, tk);
+    const Tensor q = test::random_tensor(rng, dt, {tq, hq, d}, 2.0),
+                 k = test::random_tensor(rng, dt, {tk, hk, d}, 2.0),
+                 v = test::random_tensor(rng, dt, {tk, hk, d});
+    Tensor out(dt, {tq, hq, d}), out32(DType::kFloat32, {tq, hq, d});
+    Tensor lse(DType::kFloat32, {tq, hq}), lse32(DType::kFloat32, {tq, hq});
+    for (Tensor* t : {&out, &out32, &lse, &lse32}) t->poison();
+    forward(q.view, k.view, v.view, mask, out.view, lse.view);
+    forward(q.view, k.view, v.view, mask, out32.view, lse32.view);
+    EXPECT_EQ(test::rounded_to(out32, dt).bytes, out.bytes);
+    EXPECT_EQ(lse32.bytes, lse.bytes);
+  }
+}
+
 TEST(Attention, StridedInputsAndOutputs) {
   // q, k, v as views into one interleaved [T, 3, H, D] buffer, out with a padded row stride.
   std::mt19937_64 rng(57);

@@ -135,6 +135,42 @@ TEST(Sm90Forward, Deterministic) {
   EXPECT_EQ(lse1.bytes, lse3.bytes);
 }
 
+// out into an fp32 tensor: the kernel's normalised sums unrounded (what the distributed forward
+// merges across stages). Rounded to the input dtype they are the bits the same call writes into an
+// input-dtype out; lse is the same. Packed GQA heads (hd128) and one head per tile (hd64, fp16),
+// with sink and softcap, and rows that attend nothing (out 0).
+TEST(Sm90Forward, Fp32OutputRoundsToTheInputDtypesBits) {
+  SKIP_WITHOUT_GPU();
+  std::mt19937_64 rng(77);
+  const test::KernelCase cases[] = {{"gqa", 700, 900, 16, 2, 128, DType::kBFloat16, 0, true},
+                                    {"mha", 333, 500, 3, 3, 64, DType::kFloat16, 20.0}};
+  for (const test::KernelCase& c : cases) {
+    SCOPED_TRACE(c.name);
+    const Mask mask = test::random_mask(rng, c.tq, c.tk);
+    const Tensor q = test::random_tensor(rng, c.dtype, {c.tq, c.hq, c.d}, 2.0);
+    const Tensor k = test::random_tensor(rng, c.dtype, {c.tk, c.hk, c.d}, 2.0);
+    const Tensor v = test::random_tensor(rng, c.dtype, {c.tk, c.hk, c.d});
+    const Tensor sink = test::random_tensor(rng, DType::kFloat32, {c.hq}, 2.0);
+    Tensor out(c.dtype, {c.tq, c.hq, c.d}), out32(DType::kFloat32, {c.tq, c.hq, c.d});
+    Tensor lse(DType::kFloat32, {c.tq, c.hq}), lse32 = lse;
+    {
+      const DeviceCopy dq(q), dk(k), dv(v), dsink(sink);
+      const DeviceCopy o(out, true), o32(out32, true), l(lse, true), l32(lse32, true);
+      AttentionOptions opt;
+      opt.softcap = c.softcap;
+      if (c.sink) opt.sink = dsink.view;
+      forward(dq.view, dk.view, dv.view, mask, o.view, l.view, opt);
+      forward(dq.view, dk.view, dv.view, mask, o32.view, l32.view, opt);
+      o.copy_to(out);
+      o32.copy_to(out32);
+      l.copy_to(lse);
+      l32.copy_to(lse32);
+    }
+    EXPECT_EQ(test::rounded_to(out32, c.dtype).bytes, out.bytes);
+    EXPECT_EQ(lse32.bytes, lse.bytes);
+  }
+}
+
 // Plan once, bind once, run many times: what a model does with one mask for every layer. Each run
 // only launches, so a plan's forward can be captured in a CUDA graph; its replays give the same
 // bits as the plain launches, and plans bound to their own workspaces run on two streams at once.

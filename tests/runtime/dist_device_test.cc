@@ -127,6 +127,12 @@ void check_problem(const Problem& p) {
   if (p.sink) opt.sink = ds.view;
   Tensor dk_again(p.dtype, {lk, p.hk, p.d}), dv_again(p.dtype, {lk, p.hk, p.d}),
       dq_again(p.dtype, {lq, p.hq, p.d});
+  // An earlier layer's forward on the same object, its context kept alive (as in training): the
+  // forward after it must give the same bits.
+  Tensor ol_earlier(p.dtype, {lq, p.hq, p.d}), ll_earlier(DType::kFloat32, {lq, p.hq});
+  const DeviceCopy o_earlier(ol_earlier, true), l_earlier(ll_earlier, true);
+  const DistContext earlier =
+      dist.forward(dq_.view, dk_.view, dv_.view, o_earlier.view, l_earlier.view, opt);
   {
     DistContext ctx = dist.forward(dq_.view, dk_.view, dv_.view, o.view, l.view, opt);
     // The bytes of the plan: K and V of every received piece; fp32 dK and dV of every sent one.
@@ -135,10 +141,24 @@ void check_problem(const Problem& p) {
     for (const SendRange& s : dist.plan().rank.sends) send_tokens += s.tokens.size();
     const std::int64_t row = p.hk * p.d;
     EXPECT_EQ(ctx.stats().fwd_bytes_received, 2 * recv_tokens * row * 2);  // bf16 and fp16
+    // Timed on the device: each stage's exposed wait and kernel, inside the forward's span.
+    const DistStats& st = ctx.stats();
+    ASSERT_EQ(st.forward.size(), static_cast<std::size_t>(dist.plan().rank.num_stages + 1));
+    double stages_ms = 0;
+    for (const StageTiming& t : st.forward) {
+      EXPECT_GE(t.wait_ms, 0);
+      EXPECT_GE(t.compute_ms, 0);
+      stages_ms += t.wait_ms + t.compute_ms;
+    }
+    EXPECT_GT(st.forward[0].compute_ms, 0);
+    EXPECT_LE(stages_ms, st.forward_ms + 1e-3);
     dist.backward(ctx, ddo.view, dq_.view, o.view, l.view, gq.view, gk.view, gv.view,
                   p.sink ? gs.view : TensorView{});
     EXPECT_EQ(ctx.stats().bwd_bytes_received, 2 * send_tokens * row * 4);
     EXPECT_EQ(ctx.stats().bwd_bytes_sent, 2 * recv_tokens * row * 4);
+    ASSERT_EQ(ctx.stats().backward.size(), 1u);
+    EXPECT_GT(ctx.stats().backward[0].compute_ms, 0);
+    EXPECT_GE(ctx.stats().backward_ms, ctx.stats().backward[0].compute_ms);
     cuda_ok(cudaStreamSynchronize(stream));
     gk.copy_to(dk_again);
     gv.copy_to(dv_again);
@@ -150,6 +170,10 @@ void check_problem(const Problem& p) {
   cuda_ok(cudaStreamDestroy(stream));
   o.copy_to(ol);
   l.copy_to(ll);
+  o_earlier.copy_to(ol_earlier);
+  l_earlier.copy_to(ll_earlier);
+  EXPECT_EQ(ol.bytes, ol_earlier.bytes);
+  EXPECT_EQ(ll.bytes, ll_earlier.bytes);
   gq.copy_to(dql);
   gk.copy_to(dkl);
   gv.copy_to(dvl);

@@ -24,6 +24,7 @@ struct BenchArgs {
   std::string device = "cpu";
   bool backward = false;
   bool deterministic = false;
+  bool dist = false;  // also through DistAttention on one rank (NCCL)
   bool json = false;
   int warmup = 1, repeat = 3;
 };
@@ -31,6 +32,50 @@ struct BenchArgs {
 struct Times {
   double fwd = 0, bwd = 0, fwd_bwd = 0;  // median seconds; bwd and fwd_bwd only with backward
 };
+
+#if defined(FLEXCP_TOOLS_CUDA)
+// The same calls through DistAttention on one rank over flexcp's NCCL communicator: what the
+// distributed path costs beyond the kernels (the own K/V copied into the context's columns, the
+// fp32 dK/dV columns rounded once, events; no exchange). The inputs are dispatched first (one
+// rank's order is the global one, but the bench does not rely on it).
+Times time_through_dist(const HostTensor& q, const HostTensor& k, const HostTensor& v,
+                        const Mask& mask, const HostTensor* dout, const AttentionOptions& options,
+                        int warmup, int repeat) {
+  auto comm = make_nccl_communicator(make_nccl_unique_id(), 0, 1);
+  DistAttentionOptions o;
+  o.plan.device = Device::kCuda;
+  DistAttention dist(mask, *comm, q.shape()[1], k.shape()[1], q.shape()[2], q.view().dtype, o);
+  HostTensor ql(q.view().dtype, q.shape()), kl(k.view().dtype, k.shape()),
+      vl(v.view().dtype, v.shape());
+  dist.dispatch_q(q.view(), ql.view());
+  dist.dispatch_kv(k.view(), kl.view());
+  dist.dispatch_kv(v.view(), vl.view());
+  const DeviceTensor dq(ql), dk(kl), dv(vl), out(ql),
+      lse(HostTensor(DType::kFloat32, {q.shape()[0], q.shape()[1]}));
+  DistContext ctx;
+  auto fwd = [&] {
+    ctx = dist.forward(dq.view(), dk.view(), dv.view(), out.view(), lse.view(), options);
+  };
+  Times t;
+  t.fwd = median_device_seconds(fwd, std::max(warmup, 1), repeat);
+  if (dout == nullptr) return t;
+  HostTensor dol(dout->view().dtype, dout->shape());
+  dist.dispatch_q(dout->view(), dol.view());
+  const DeviceTensor g(dol), gq(ql), gk(kl), gv(vl);
+  auto bwd = [&] {
+    dist.backward(ctx, g.view(), dq.view(), out.view(), lse.view(), gq.view(), gk.view(),
+                  gv.view());
+  };
+  t.bwd = median_device_seconds(bwd, std::max(warmup, 1), repeat);
+  t.fwd_bwd = median_device_seconds(
+      [&] {
+        fwd();
+        bwd();
+      },
+      std::max(warmup, 1), repeat);
+  return t;
+}
+#endif
 
 // Median seconds on the GPU (event-timed): the plan is built and bound once, as in training where
 // every layer shares the mask, so each call only launches. The backward runs on the forward's out
@@ -81,14 +126,16 @@ void run_bench(const BenchArgs& a) {
   for (HostTensor* t : {&q, &k, &v}) t->fill_uniform(rng, 1.0f);
   const double flops = forward_flops(mask.area(), a.shape.head_dim, a.shape.heads);
   nlohmann::json results = nlohmann::json::array();
-  auto report = [&](const char* dir, double seconds, double dir_flops) {
+  // kernel_seconds: for a time through DistAttention, the bare kernel's, for the ratio.
+  auto report = [&](const char* dir, double seconds, double dir_flops, double kernel_seconds = 0) {
     const double tflops = dir_flops / seconds / 1e12;
-    const std::string head = "[case] mask=" + describe_mask(a.mask) + " Tq=" + std::to_string(tq) +
-                             " Tk=" + std::to_string(tk) + " H=" + std::to_string(a.shape.heads) +
-                             " HK=" + std::to_string(a.shape.heads_kv) +
-                             " D=" + std::to_string(a.shape.head_dim) + " dtype=" + a.shape.dtype +
-                             " device=" + a.device + " dir=" + dir +
-                             (a.deterministic ? " deterministic=1" : "");
+    const bool dist = kernel_seconds > 0;
+    const std::string head =
+        "[case] mask=" + describe_mask(a.mask) + " Tq=" + std::to_string(tq) +
+        " Tk=" + std::to_string(tk) + " H=" + std::to_string(a.shape.heads) +
+        " HK=" + std::to_string(a.shape.heads_kv) + " D=" + std::to_string(a.shape.head_dim) +
+        " dtype=" + a.shape.dtype + " device=" + a.device + " dir=" + dir +
+        (a.deterministic ? " deterministic=1" : "") + (dist ? " path=dist" : "");
     if (a.json) {
       results.push_back({{"mask", describe_mask(a.mask)},
                          {"seqlen_q", tq},
@@ -101,8 +148,13 @@ void run_bench(const BenchArgs& a) {
                          {"direction", dir},
                          {"deterministic", a.deterministic},
                          {"area", mask.area()},
+                         {"path", dist ? "dist" : "kernel"},
                          {"time_us", seconds * 1e6},
                          {"tflops", tflops}});
+      if (dist) results.back()["kernel_over_dist"] = kernel_seconds / seconds;
+    } else if (dist) {
+      std::printf("%s [result] time_us=%.1f TFLOPS=%.4f kernel_over_dist=%.4f\n", head.c_str(),
+                  seconds * 1e6, tflops, kernel_seconds / seconds);
     } else {
       std::printf("%s [result] time_us=%.1f TFLOPS=%.4f\n", head.c_str(), seconds * 1e6, tflops);
     }
@@ -144,6 +196,17 @@ void run_bench(const BenchArgs& a) {
     report("bwd", t.bwd, kBackwardFlopsRatio * flops);
     report("fwd+bwd", t.fwd_bwd, (1 + kBackwardFlopsRatio) * flops);
   }
+  if (a.dist) {
+#if defined(FLEXCP_TOOLS_CUDA)
+    const Times d =
+        time_through_dist(q, k, v, mask, dout ? &*dout : nullptr, options, a.warmup, a.repeat);
+    report("fwd", d.fwd, flops, t.fwd);
+    if (dout) {
+      report("bwd", d.bwd, kBackwardFlopsRatio * flops, t.bwd);
+      report("fwd+bwd", d.fwd_bwd, (1 + kBackwardFlopsRatio) * flops, t.fwd_bwd);
+    }
+#endif
+  }
   if (a.json) std::cout << results.dump() << "\n";
 }
 
@@ -161,6 +224,9 @@ void add_bench_command(CLI::App& app) {
   cmd->add_flag("--backward", args->backward, "Time the backward too");
   cmd->add_flag("--deterministic", args->deterministic,
                 "Backward with dQ in a fixed order (bitwise repeatable; the CPU's always is)");
+  cmd->add_flag("--dist", args->dist,
+                "With --device cuda: also through DistAttention on one rank (NCCL), with the "
+                "ratio to the bare kernel (what the distributed path costs)");
   cmd->add_flag("--json", args->json, "One JSON array instead of text lines");
   cmd->add_option("--warmup", args->warmup, "Untimed runs first")
       ->check(whole_number(0))
@@ -168,7 +234,11 @@ void add_bench_command(CLI::App& app) {
   cmd->add_option("--repeat", args->repeat, "Timed runs (the median is reported)")
       ->check(whole_number(1))
       ->capture_default_str();
-  cmd->callback([args] { run_bench(*args); });
+  cmd->callback([args] {
+    if (args->dist && args->device != "cuda")
+      throw CLI::ValidationError("--dist", "needs --device cuda");
+    run_bench(*args);
+  });
 }
 
 }  // namespace flexcp::tools

@@ -43,6 +43,7 @@ struct RankReport {
   std::int64_t q_tokens, area, num_stages, bytes_predicted, bytes_moved, bwd_bytes_moved;
   std::int32_t bytes_equal;  // every layer moved exactly what the plan predicts
   double forward_ms, backward_ms, wait_ms, plan_ms;
+  double model_wait_ms;  // the cost model's exposed wait for K/V in one forward (PlanOptions)
 };
 
 double max_error(const HostTensor& got, const HostTensor& want, double* magnitude) {
@@ -259,7 +260,7 @@ void run_ranks(RunArgs a, Communicator& comm_ref) {
     views.push_back(host_views(l));
   }
   // On the GPU the calls return before their kernels finish: each direction is timed from the
-  // first call to the device's idle (the per-stage figures of DistStats are host-only).
+  // first call to the device's idle (DistStats' per-stage figures are device time there).
   auto wall_ms = [on_gpu](std::chrono::steady_clock::time_point t0) {
 #if defined(FLEXCP_TOOLS_CUDA)
     if (on_gpu) device_synchronize();
@@ -286,9 +287,18 @@ void run_ranks(RunArgs a, Communicator& comm_ref) {
 
   const std::int64_t bpt =
       2 * a.shape.heads_kv * a.shape.head_dim * static_cast<std::int64_t>(dtype_size(dtype));
-  RankReport mine{
-      lq, plan.rank.area, plan.rank.num_stages, plan.rank.recv_tokens * bpt, 0, 0, 1, 0, 0,
-      0,  plan.plan_ms()};
+  RankReport mine{lq,
+                  plan.rank.area,
+                  plan.rank.num_stages,
+                  plan.rank.recv_tokens * bpt,
+                  0,
+                  0,
+                  1,
+                  0,
+                  0,
+                  0,
+                  plan.plan_ms(),
+                  plan.rank.exposed_comm_us / 1000};
   for (const Layer& l : layers) {
     const DistStats& st = l.context.stats();
     mine.bytes_equal &= st.fwd_bytes_received == mine.bytes_predicted;
@@ -329,9 +339,11 @@ void run_ranks(RunArgs a, Communicator& comm_ref) {
         (long long)tq, (long long)a.shape.heads, (long long)a.shape.head_dim, (long long)tk,
         (long long)a.shape.heads_kv, (long long)a.shape.head_dim, a.shape.dtype.c_str(), a.layers,
         (long long)d.chunk_size, (long long)d.chunks_per_rank, d.imbalance, plan_ms);
-    std::printf("%5s %9s %12s %8s %7s %14s %14s %10s %10s %10s %10s\n", "rank", "q_tokens", "area",
-                "/mean", "stages", "kv_bytes_plan", "kv_bytes_moved", "fwd_ms", "fwd_wait",
-                "bwd_ms", "dkv_bytes");
+    // fwd_wait: the time the forward waited for K/V, measured; model_wait: the cost model's
+    // prediction of it (its link and kernel rates, PlanOptions, not this machine's).
+    std::printf("%5s %9s %12s %8s %7s %14s %14s %10s %10s %10s %10s %10s\n", "rank", "q_tokens",
+                "area", "/mean", "stages", "kv_bytes_plan", "kv_bytes_moved", "fwd_ms", "fwd_wait",
+                "model_wait", "bwd_ms", "dkv_bytes");
     bool bytes_match = true;
     std::int64_t moved = 0, predicted = 0;
     const double per_layer = 1.0 / std::max(a.layers, 1);
@@ -340,11 +352,12 @@ void run_ranks(RunArgs a, Communicator& comm_ref) {
       bytes_match = bytes_match && x.bytes_equal;
       moved += x.bytes_moved;
       predicted += x.bytes_predicted;
-      std::printf("%5d %9lld %12lld %8.3f %7lld %14lld %14lld %10.1f %10.1f %10.1f %10lld\n", r,
-                  (long long)x.q_tokens, (long long)x.area,
+      std::printf("%5d %9lld %12lld %8.3f %7lld %14lld %14lld %10.1f %10.2f %10.2f %10.1f %10lld\n",
+                  r, (long long)x.q_tokens, (long long)x.area,
                   x.area / (static_cast<double>(mask.area()) / world), (long long)x.num_stages,
                   (long long)x.bytes_predicted, (long long)x.bytes_moved, x.forward_ms * per_layer,
-                  x.wait_ms * per_layer, x.backward_ms * per_layer, (long long)x.bwd_bytes_moved);
+                  x.wait_ms * per_layer, x.model_wait_ms, x.backward_ms * per_layer,
+                  (long long)x.bwd_bytes_moved);
     }
     double fwd = 0, bwd = 0, wait = 0, busy = 0;
     for (const RankReport& x : reports) {
@@ -357,18 +370,13 @@ void run_ranks(RunArgs a, Communicator& comm_ref) {
         "waiting for K/V: %.1f%%\n",
         fwd, flops / fwd / 1e6, bwd, kBackwardFlopsRatio * flops / bwd / 1e6,
         busy > 0 ? 100 * wait / busy : 0.0);
-    if (on_gpu) {
-      std::printf(
-          "stages: one kernel over all columns on device tensors (%s); per-stage "
-          "timings not measured\n",
-          a.comm.c_str());
-    } else {
-      std::printf("stages on rank 0, layer 0 (wait for K/V / compute, ms):");
-      const DistStats& st0 = layers.front().context.stats();
-      for (std::size_t i = 0; i < st0.forward.size(); ++i)
-        std::printf(" %zu: %.1f / %.1f", i, st0.forward[i].wait_ms, st0.forward[i].compute_ms);
-      std::printf("\n");
-    }
+    // On device tensors (over the communicator a.comm) timed by events on the stream.
+    std::printf("stages on rank 0, layer 0 (wait for K/V / compute, ms%s%s):",
+                on_gpu ? ", device time over " : "", on_gpu ? a.comm.c_str() : "");
+    const DistStats& st0 = layers.front().context.stats();
+    for (std::size_t i = 0; i < st0.forward.size(); ++i)
+      std::printf(" %zu: %.2f / %.2f", i, st0.forward[i].wait_ms, st0.forward[i].compute_ms);
+    std::printf("\n");
     std::printf(
         "K/V bytes moved per layer %lld (as the transport counted them), plan predicted "
         "%lld: %s\n",

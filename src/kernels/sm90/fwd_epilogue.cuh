@@ -1,8 +1,9 @@
 // The forward kernel's epilogue, run by each consumer warp group at the end of an item: the
 // rows' lse (with the sink folded in) straight from registers, and out normalised, staged in shared
 // memory with stmatrix and stored by the group's own TMA store, which runs on while the next item
-// starts. Each group stores its own 64 rows, so that neither waits for the other: one group's
-// epilogue runs while the other's last product is still on the tensor cores.
+// starts (or, for an fp32 out, stored from registers). Each group stores its own 64 rows, so that
+// neither waits for the other: one group's epilogue runs while the other's last product is still on
+// the tensor cores.
 #pragma once
 
 #include <cutlass/arch/barrier.h>
@@ -16,6 +17,24 @@
 #include "kernels/sm90/kernel_common.cuh"
 
 namespace flexcp::sm90::detail {
+
+// out in fp32 (a partial output): this thread's two rows of the group's O accumulator, normalised
+// by `mul`, as float pairs at columns col_base + 8 j; rows past seqlen_q are not written.
+template <class Acc>
+__device__ __forceinline__ void store_out_f32(const FwdParams& p, const Rows& r, const Acc& tOrO,
+                                              const float (&mul)[2]) {
+  const int col_base = fragment_coords().col_base;
+  CUTLASS_PRAGMA_UNROLL
+  for (int h = 0; h < 2; ++h) {
+    if (r.token[h] >= p.seqlen_q) continue;
+    float* row = p.out_f32 + std::int64_t(r.token[h]) * p.out_stride_t +
+                 std::int64_t(r.head[h]) * p.out_stride_h + col_base;
+    CUTLASS_PRAGMA_UNROLL
+    for (int j = 0; j < cute::size(tOrO) / 4; ++j)
+      *reinterpret_cast<float2*>(row + 8 * j) =
+          make_float2(tOrO(2 * h + 4 * j) * mul[h], tOrO(1 + 2 * h + 4 * j) * mul[h]);
+  }
+}
 
 // `o` is the O accumulator of the group's rows `r`, `store_o` / `thr_store_o` / `tOsO` its copy to
 // the staging tile `o_stage`, `half` the group (0 or 1), `ctid` the thread over both groups.
@@ -50,6 +69,10 @@ __device__ __forceinline__ void write_out_lse(const FwdParams& p, const Rows& r,
     if (r.token[h] < p.seqlen_q && lane % 4 == 0)
       p.lse[std::int64_t(r.token[h]) * p.lse_stride_t + std::int64_t(r.head[h]) * p.lse_stride_h] =
           lse;
+  }
+  if (p.out_f32 != nullptr) {  // a uniform branch: fp32 pairs straight from the accumulator
+    store_out_f32(p, r, tOrO, mul);
+    return;
   }
   // The previous item's store must have read this group's staging rows before they are
   // written again.

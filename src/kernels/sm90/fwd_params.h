@@ -28,6 +28,11 @@ struct FwdParams {
   CUtensorMap tma_v;
   CUtensorMap tma_o;
 
+  // Or out in fp32 (the caller passed an fp32 out, a partial output to merge with others): the
+  // epilogue stores the normalised accumulator from registers and tma_o is unused.
+  float* out_f32 = nullptr;  // [Tq, Hq, D], unit stride along D
+  std::int64_t out_stride_t = 0, out_stride_h = 0;
+
   float* lse = nullptr;  // [Tq, Hq]
   std::int64_t lse_stride_t = 0, lse_stride_h = 0;
   const float* sink = nullptr;  // [Hq] on the device (the caller's tensor), or null

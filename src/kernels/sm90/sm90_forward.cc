@@ -82,8 +82,15 @@ void forward(const CallShape& s, const AttentionPlan::Impl& plan, const TensorVi
   }
   // Each consumer warp group stores its own 64 rows: half the tile's tokens of one head, or
   // half of its packed heads.
-  p.tma_o = pack == 1 ? tensor_map(kFn, "out", out, kBlockM / 2, 1)
-                      : tensor_map(kFn, "out", out, rows, pack / 2);
+  // An fp32 out (a partial output to be merged) is stored from registers instead.
+  if (out.dtype == DType::kFloat32) {
+    p.out_f32 = static_cast<float*>(out.data);
+    p.out_stride_t = out.strides[0];
+    p.out_stride_h = out.strides[1];
+  } else {
+    p.tma_o = pack == 1 ? tensor_map(kFn, "out", out, kBlockM / 2, 1)
+                        : tensor_map(kFn, "out", out, rows, pack / 2);
+  }
   p.lse = static_cast<float*>(lse.data);
   p.lse_stride_t = lse.strides[0];
   p.lse_stride_h = lse.strides[1];
