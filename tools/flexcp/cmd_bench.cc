@@ -1,6 +1,7 @@
 // flexcp bench: times the attention kernel on random inputs over a mask (DESIGN §4).
 #include <algorithm>
 #include <cstdio>
+#include <functional>
 #include <iostream>
 #include <nlohmann/json.hpp>
 #include <optional>
@@ -34,6 +35,23 @@ struct Times {
 };
 
 #if defined(FLEXCP_TOOLS_CUDA)
+// Median device seconds of `fwd`, and where there is a `bwd`, of it and of the pair back to back.
+Times device_times(const std::function<void()>& fwd, const std::function<void()>& bwd, int warmup,
+                   int repeat) {
+  Times t;
+  const int w = std::max(warmup, 1);
+  t.fwd = median_device_seconds(fwd, w, repeat);
+  if (!bwd) return t;
+  t.bwd = median_device_seconds(bwd, w, repeat);
+  t.fwd_bwd = median_device_seconds(
+      [&] {
+        fwd();
+        bwd();
+      },
+      w, repeat);
+  return t;
+}
+
 // The same calls through DistAttention on one rank over flexcp's NCCL communicator: what the
 // distributed path costs beyond the kernels (the own K/V copied into the context's columns, the
 // fp32 dK/dV columns rounded once, events; no exchange). The inputs are dispatched first (one
@@ -44,36 +62,27 @@ Times time_through_dist(const HostTensor& q, const HostTensor& k, const HostTens
   auto comm = make_nccl_communicator(make_nccl_unique_id(), 0, 1);
   DistAttentionOptions o;
   o.plan.device = Device::kCuda;
-  DistAttention dist(mask, *comm, q.shape()[1], k.shape()[1], q.shape()[2], q.view().dtype, o);
-  HostTensor ql(q.view().dtype, q.shape()), kl(k.view().dtype, k.shape()),
-      vl(v.view().dtype, v.shape());
+  const DType dtype = q.view().dtype;
+  DistAttention dist(mask, *comm, q.shape()[1], k.shape()[1], q.shape()[2], dtype, o);
+  HostTensor ql(dtype, q.shape()), kl(dtype, k.shape()), vl(dtype, v.shape()),
+      dol(dtype, q.shape());
   dist.dispatch_q(q.view(), ql.view());
   dist.dispatch_kv(k.view(), kl.view());
   dist.dispatch_kv(v.view(), vl.view());
-  const DeviceTensor dq(ql), dk(kl), dv(vl), out(ql),
+  if (dout != nullptr) dist.dispatch_q(dout->view(), dol.view());
+  const DeviceTensor dq(ql), dk(kl), dv(vl), out(ql), g(dol), gq(ql), gk(kl), gv(vl),
       lse(HostTensor(DType::kFloat32, {q.shape()[0], q.shape()[1]}));
   DistContext ctx;
   auto fwd = [&] {
     ctx = dist.forward(dq.view(), dk.view(), dv.view(), out.view(), lse.view(), options);
   };
-  Times t;
-  t.fwd = median_device_seconds(fwd, std::max(warmup, 1), repeat);
-  if (dout == nullptr) return t;
-  HostTensor dol(dout->view().dtype, dout->shape());
-  dist.dispatch_q(dout->view(), dol.view());
-  const DeviceTensor g(dol), gq(ql), gk(kl), gv(vl);
-  auto bwd = [&] {
-    dist.backward(ctx, g.view(), dq.view(), out.view(), lse.view(), gq.view(), gk.view(),
-                  gv.view());
-  };
-  t.bwd = median_device_seconds(bwd, std::max(warmup, 1), repeat);
-  t.fwd_bwd = median_device_seconds(
-      [&] {
-        fwd();
-        bwd();
-      },
-      std::max(warmup, 1), repeat);
-  return t;
+  std::function<void()> bwd;
+  if (dout != nullptr)
+    bwd = [&] {
+      dist.backward(ctx, g.view(), dq.view(), out.view(), lse.view(), gq.view(), gk.view(),
+                    gv.view());
+    };
+  return device_times(fwd, bwd, warmup, repeat);
 }
 #endif
 
@@ -85,27 +94,25 @@ Times time_on_device(const HostTensor& q, const HostTensor& k, const HostTensor&
                      const AttentionOptions& options, int warmup, int repeat) {
 #if defined(FLEXCP_TOOLS_CUDA)
   const DeviceTensor dq(q), dk(k), dv(v), dout_(out), dlse(lse);
+  struct Grads {  // the backward's tensors, only when it is timed
+    DeviceTensor g, gq, gk, gv;
+    Grads(const HostTensor& d, const HostTensor& q, const HostTensor& k, const HostTensor& v)
+        : g(d), gq(q), gk(k), gv(v) {}
+  };
+  std::optional<Grads> b;
+  if (dout != nullptr) b.emplace(*dout, q, k, v);
   AttentionShape shape{mask.seqlen_q(), mask.seqlen_k(), q.shape()[1], k.shape()[1],
                        q.shape()[2],    q.view().dtype,  Device::kCuda};
   AttentionPlan plan(mask, shape, {.backward = dout != nullptr});
   const DeviceWorkspace workspace(plan);
   auto fwd = [&] { forward(plan, dq.view(), dk.view(), dv.view(), dout_.view(), dlse.view()); };
-  Times t;
-  t.fwd = median_device_seconds(fwd, std::max(warmup, 1), repeat);
-  if (dout == nullptr) return t;
-  const DeviceTensor g(*dout), gq(q), gk(k), gv(v);
-  auto bwd = [&] {
-    backward(plan, g.view(), dq.view(), dk.view(), dv.view(), dout_.view(), dlse.view(), gq.view(),
-             gk.view(), gv.view(), options);
-  };
-  t.bwd = median_device_seconds(bwd, std::max(warmup, 1), repeat);
-  t.fwd_bwd = median_device_seconds(
-      [&] {
-        fwd();
-        bwd();
-      },
-      std::max(warmup, 1), repeat);
-  return t;
+  std::function<void()> bwd;
+  if (dout != nullptr)
+    bwd = [&] {
+      backward(plan, b->g.view(), dq.view(), dk.view(), dv.view(), dout_.view(), dlse.view(),
+               b->gq.view(), b->gk.view(), b->gv.view(), options);
+    };
+  return device_times(fwd, bwd, warmup, repeat);
 #else
   static_cast<void>(std::tie(q, k, v, mask, out, lse, dout, options, warmup, repeat));
   throw Error(
