@@ -255,6 +255,9 @@ class DistAttention:
 def _host_group_for(group, host_group, on_nccl):
     """The gloo group flexcp's host messages go over (the group itself unless it is NCCL's)."""
     if host_group is not None:
+        if dist.get_rank(host_group) < 0:
+            raise ValueError("flexcp.DistAttention: this rank is not in host_group; expected a "
+                             "gloo group of the same ranks as the group")
         if dist.get_world_size(host_group) != dist.get_world_size(group):
             raise ValueError("flexcp.DistAttention: host_group has "
                              f"{dist.get_world_size(host_group)} ranks, the group "

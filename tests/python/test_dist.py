@@ -118,6 +118,12 @@ def worker(rank, world, init_file):
         with pytest.raises(ValueError, match="k has dtype bf16, expected fp32"):
             attn(torch.zeros(lq, HQ, D), torch.zeros(lk, HK, D).bfloat16(),
                  torch.zeros(lk, HK, D))
+        # A host group that is not the group's ranks is named before anything is planned.
+        if world > 1:
+            lone = dist.new_group([0], backend="gloo")  # collective: every rank makes it
+            with pytest.raises(ValueError, match="host_group has 1 ranks" if rank == 0 else
+                               "this rank is not in host_group"):
+                flexcp.DistAttention(mask, HQ, HK, D, host_group=lone)
         # A rank with another mask: every rank is told before any data moves.
         other = flexcp.masks.causal(t) if rank == world - 1 and world > 1 else mask
         if world > 1:
