@@ -13,6 +13,16 @@ namespace {
 
 constexpr float kNegInf = -std::numeric_limits<float>::infinity();
 
+// fp16 elements: the compiler's _Float16 where the target has it (the conversions vectorise), else
+// their bits, converted in integer arithmetic (core/dtype.h; clang 14 on x86 without AVX512-FP16).
+#if defined(__FLT16_MANT_DIG__)
+using Half = _Float16;
+#else
+struct Half {
+  std::uint16_t bits;
+};
+#endif
+
 template <class Visit>
 void with_typed(DType dtype, Visit&& visit) {
   switch (dtype) {
@@ -23,7 +33,7 @@ void with_typed(DType dtype, Visit&& visit) {
       visit(static_cast<const std::uint16_t*>(nullptr));
       break;
     case DType::kFloat16:
-      visit(static_cast<const _Float16*>(nullptr));
+      visit(static_cast<const Half*>(nullptr));
       break;
     case DType::kFloat64:
       visit(static_cast<const double*>(nullptr));
@@ -35,6 +45,8 @@ template <class T>
 float to_float(T x) {
   if constexpr (std::is_same_v<T, std::uint16_t>)
     return bf16_to_float(x);
+  else if constexpr (std::is_class_v<T>)
+    return fp16_to_float(x.bits);
   else
     return static_cast<float>(x);
 }
@@ -43,6 +55,8 @@ template <class T>
 T from_float(float x) {
   if constexpr (std::is_same_v<T, std::uint16_t>)
     return float_to_bf16(x);
+  else if constexpr (std::is_class_v<T>)
+    return T{float_to_fp16(x)};
   else
     return static_cast<T>(x);
 }
