@@ -150,11 +150,12 @@ def cuda_worker(rank, world, backend, init_file):
     try:
         mask, t = problem()
         attn = flexcp.DistAttention(mask, HQ, HK, 64)
-        x = torch.randn(t, HQ, 64, device="cuda").bfloat16()
+        g = torch.Generator().manual_seed(3)  # the same global tensor on every rank
+        x = torch.randn(t, HQ, 64, generator=g).bfloat16().cuda()
         assert torch.equal(attn.undispatch(attn.dispatch(x)), x)
         # The sm90 kernels (bf16, head dim 64): two layers, backwards in reverse order.
         check_layers(attn, mask, t, torch.bfloat16, [1, 0], with_sink=True, d=64, device="cuda")
-        y = torch.randn(t, 3, device="cuda")
+        y = torch.randn(t, 3, generator=g).cuda()
         assert torch.equal(attn.undispatch(attn.roll(attn.dispatch(y), 5)), torch.roll(y, 5, 0))
         lq, lk = attn.position_ids.shape[0], attn.kv_token_ids.shape[0]
         with pytest.raises(ValueError, match="k is on cpu, expected cuda:0"):

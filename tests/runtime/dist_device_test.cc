@@ -131,9 +131,10 @@ void check_problem(const Problem& p) {
   // forward after it must give the same bits.
   Tensor ol_earlier(p.dtype, {lq, p.hq, p.d}), ll_earlier(DType::kFloat32, {lq, p.hq});
   const DeviceCopy o_earlier(ol_earlier, true), l_earlier(ll_earlier, true);
-  const DistContext earlier =
-      dist.forward(dq_.view, dk_.view, dv_.view, o_earlier.view, l_earlier.view, opt);
   {
+    // Contexts free their memory on the forward's stream: they go before it.
+    const DistContext earlier =
+        dist.forward(dq_.view, dk_.view, dv_.view, o_earlier.view, l_earlier.view, opt);
     DistContext ctx = dist.forward(dq_.view, dk_.view, dv_.view, o.view, l.view, opt);
     // The bytes of the plan: K and V of every received piece; fp32 dK and dV of every sent one.
     std::int64_t recv_tokens = 0, send_tokens = 0;

@@ -18,21 +18,35 @@
 
 namespace flexcp::sm90::detail {
 
-// out in fp32 (a partial output): this thread's two rows of the group's O accumulator, normalised
-// by `mul`, as float pairs at columns col_base + 8 j; rows past seqlen_q are not written.
-template <class Acc>
-__device__ __forceinline__ void store_out_f32(const FwdParams& p, const Rows& r, const Acc& tOrO,
-                                              const float (&mul)[2]) {
+// Stores {a, b} at `ptr` where `keep` holds, without a branch: a predicated store, so that the
+// accumulator registers it reads are not read on a divergent path (ptxas would then serialise
+// every wgmma of the kernel, C7520).
+__device__ __forceinline__ void store_f32x2_if(float* ptr, float a, float b, bool keep) {
+  const int pred = keep;
+  asm volatile(
+      "{\n"
+      " .reg .pred p;\n"
+      " setp.ne.b32 p, %3, 0;\n"
+      " @p st.global.v2.f32 [%0], {%1, %2};\n"
+      "}\n" ::"l"(ptr),
+      "f"(a), "f"(b), "r"(pred)
+      : "memory");
+}
+
+// out in fp32 (a partial output): this thread's two rows of the group's normalised O (`o`, in the
+// accumulator's layout) as float pairs at columns col_base + 8 j; rows past seqlen_q are not
+// written.
+template <class Frag>
+__device__ __forceinline__ void store_out_f32(const FwdParams& p, const Rows& r, const Frag& o) {
   const int col_base = fragment_coords().col_base;
   CUTLASS_PRAGMA_UNROLL
   for (int h = 0; h < 2; ++h) {
-    if (r.token[h] >= p.seqlen_q) continue;
+    const bool inside = r.token[h] < p.seqlen_q;
     float* row = p.out_f32 + std::int64_t(r.token[h]) * p.out_stride_t +
                  std::int64_t(r.head[h]) * p.out_stride_h + col_base;
     CUTLASS_PRAGMA_UNROLL
-    for (int j = 0; j < cute::size(tOrO) / 4; ++j)
-      *reinterpret_cast<float2*>(row + 8 * j) =
-          make_float2(tOrO(2 * h + 4 * j) * mul[h], tOrO(1 + 2 * h + 4 * j) * mul[h]);
+    for (int j = 0; j < cute::size(o) / 4; ++j)
+      store_f32x2_if(row + 8 * j, o(2 * h + 4 * j), o(1 + 2 * h + 4 * j), inside);
   }
 }
 
@@ -70,8 +84,15 @@ __device__ __forceinline__ void write_out_lse(const FwdParams& p, const Rows& r,
       p.lse[std::int64_t(r.token[h]) * p.lse_stride_t + std::int64_t(r.head[h]) * p.lse_stride_h] =
           lse;
   }
-  if (p.out_f32 != nullptr) {  // a uniform branch: fp32 pairs straight from the accumulator
-    store_out_f32(p, r, tOrO, mul);
+  // O normalised, on the path every thread takes: read on a branch (even a uniform one), the
+  // accumulator makes ptxas insert a warp-group arrive there and serialise every wgmma of the
+  // kernel (C7520). The fence keeps the products here.
+  Tensor o = make_tensor_like<float>(tOrO);
+  CUTLASS_PRAGMA_UNROLL
+  for (int x = 0; x < size(tOrO); ++x) o(x) = tOrO(x) * mul[(x >> 1) & 1];
+  warpgroup_fence_operand(o);
+  if (p.out_f32 != nullptr) {  // a uniform branch: fp32 pairs straight from registers
+    store_out_f32(p, r, o);
     return;
   }
   // The previous item's store must have read this group's staging rows before they are
@@ -80,9 +101,9 @@ __device__ __forceinline__ void write_out_lse(const FwdParams& p, const Rows& r,
   if (store_leader) tma_store_wait<0>();
   cutlass::arch::NamedBarrier::sync(128, static_cast<std::uint32_t>(FwdBarrier::kOStaged) + half);
   {
-    Tensor out = make_tensor_like<Element>(tOrO);
+    Tensor out = make_tensor_like<Element>(o);
     CUTLASS_PRAGMA_UNROLL
-    for (int x = 0; x < size(tOrO); ++x) out(x) = Element(tOrO(x) * mul[(x >> 1) & 1]);
+    for (int x = 0; x < size(o); ++x) out(x) = Element(o(x));
     copy(store_o, thr_store_o.retile_S(out), tOsO);
   }
   cutlass::arch::fence_view_async_shared();  // make the writes visible to the copy engine
