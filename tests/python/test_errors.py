@@ -50,3 +50,27 @@ def test_a_deterministic_flag_that_is_not_a_bool_is_named():
     with pytest.raises(ValueError, match="deterministic must be a bool, got str"):
         flexcp.attention(q, k, v, m, deterministic="yes")
 
+
+
+class _OneRank:
+    """The communicator interface flexcp's C++ side calls, for one rank (no torch.distributed)."""
+
+    def rank(self):
+        return 0
+
+    def size(self):
+        return 1
+
+
+def test_a_distributed_device_or_backend_that_does_not_exist_is_named():
+    mask = flexcp.masks.causal(64, 64)
+    with pytest.raises(ValueError, match="device is 'tpu', expected 'cpu' or 'cuda'"):
+        flexcp._flexcp.DistAttention(mask._mask, _OneRank(), 4, 2, 64, "bf16", device="tpu")
+    if flexcp._flexcp.built_with_cuda():
+        with pytest.raises(ValueError, match="backend is 'gloo', expected 'nccl' or 'staged'"):
+            flexcp._flexcp.DistAttention(mask._mask, _OneRank(), 4, 2, 64, "bf16",
+                                         device="cuda", backend="gloo")
+    else:  # the CUDA communicators are not in this build: said, not a crash
+        with pytest.raises(RuntimeError, match="not compiled"):
+            flexcp._flexcp.DistAttention(mask._mask, _OneRank(), 4, 2, 64, "bf16",
+                                         device="cuda", backend="nccl")
