@@ -21,16 +21,8 @@ summary="$out/summary.txt"
   nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.sm,clocks.max.sm --format=csv
   nvcc --version | tail -1
 } > "$summary" 2>&1
-t0=$SECONDS
-cmake -S . -B build/gpu -G Ninja -DCMAKE_BUILD_TYPE=Release -DFLEXCP_BUILD_PYTHON=ON \
-  > "$out/build.log" 2>&1 &&
-  cmake --build build/gpu -j "$(nproc)" >> "$out/build.log" 2>&1 ||
-  { tail -40 "$out/build.log"; exit 1; }
-echo "build: $((SECONDS - t0)) s" >> "$summary"
-# ptxas serialises every wgmma of a kernel that reads an accumulator on a branch (C7520): a silent
-# 30x slowdown, so it fails the check (src/kernels/sm90/README.md).
-serialised=$(grep -c C7520 "$out/build.log")
-echo "ptxas C7520 (wgmma serialised) warnings: $serialised" >> "$summary"
+# shellcheck source=scripts/gpu-build.sh
+source scripts/gpu-build.sh  # build/gpu; sets `serialised`
 
 # What the compiler made of the kernels: registers, spills, and the instructions that matter.
 for obj in build/gpu/src/CMakeFiles/flexcp_objects.dir/__/generated/kernels/sm90/*.o; do

@@ -16,16 +16,8 @@ mkdir -p "$out"
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
 summary="$out/summary.txt"
 date -u > "$summary"
-t0=$SECONDS
-cmake -S . -B build/gpu -G Ninja -DCMAKE_BUILD_TYPE=Release -DFLEXCP_BUILD_PYTHON=ON \
-  > "$out/build.log" 2>&1 &&
-  cmake --build build/gpu -j "$(nproc)" >> "$out/build.log" 2>&1 ||
-  { tail -40 "$out/build.log"; exit 1; }
-echo "build: $((SECONDS - t0)) s" >> "$summary"
-# ptxas serialises every wgmma of a kernel that reads an accumulator on a branch (C7520): a silent
-# 30x slowdown, so it fails the check (src/kernels/sm90/README.md).
-serialised=$(grep -c C7520 "$out/build.log")
-echo "ptxas C7520 (wgmma serialised) warnings: $serialised" >> "$summary"
+# shellcheck source=scripts/gpu-build.sh
+source scripts/gpu-build.sh  # build/gpu; sets `serialised`
 
 t0=$SECONDS
 ctest --test-dir build/gpu -j 4 --output-on-failure \

@@ -1,0 +1,13 @@
+# Sourced by the GPU-host scripts (gpu-check.sh, gpu-dist.sh): configures and builds build/gpu with
+# every core (the Python module included), logging to $out/build.log and the time to $summary,
+# and sets `serialised` to the count of ptxas C7520 warnings: a kernel that reads a wgmma
+# accumulator on a branch gets every wgmma serialised, a silent 30x slowdown that no test sees
+# (src/kernels/sm90/README.md), so the callers fail on it.
+t0=$SECONDS
+cmake -S . -B build/gpu -G Ninja -DCMAKE_BUILD_TYPE=Release -DFLEXCP_BUILD_PYTHON=ON \
+  > "$out/build.log" 2>&1 &&
+  cmake --build build/gpu -j "$(nproc)" >> "$out/build.log" 2>&1 ||
+  { tail -40 "$out/build.log"; exit 1; }
+echo "build: $((SECONDS - t0)) s" >> "$summary"
+serialised=$(grep -c C7520 "$out/build.log")
+echo "ptxas C7520 (wgmma serialised) warnings: $serialised" >> "$summary"
