@@ -297,7 +297,6 @@ void device_forward(DistCore& m, DistContext::State& ctx, const TensorView& q, c
     ctx.stats.fwd_bytes_received += static_cast<std::int64_t>(handles[s]->bytes_received());
   }
   t.fwd.end = t.record(stream, kFwd);
-  t.fwd_read = false;
 }
 
 void device_backward(DistCore& m, DistContext::State& ctx, const TensorView& dout,
