@@ -107,6 +107,47 @@ void DeviceTimelineDeleter::operator()(DeviceTimeline* t) const {
   delete t;
 }
 
+// Scratch memory sized once per plan and reused by every call (no allocation per step): the
+// forward's fp32 merged and per-stage outputs, the backward's fp32 dK/dV columns, the partials it
+// receives and this rank's dsink. Allocated at its first use (cudaMalloc: that call waits for the
+// device once). Calls may come on different streams: each use waits on the event recorded after
+// the previous one, so that two calls never share it at once (a no-op on the same stream).
+struct DeviceScratch {
+  std::vector<void*> buffers;  // freed with the run
+  cudaEvent_t last_use = nullptr;
+
+  // `bytes` of device memory per entry of `sizes`, once; every later call gets the same.
+  void ensure(const std::vector<std::size_t>& sizes, const char* fn, const char* what) {
+    if (!buffers.empty()) return;
+    cuda::check(cudaEventCreateWithFlags(&last_use, cudaEventDisableTiming), fn,
+                "creating the scratch memory's event");
+    for (std::size_t bytes : sizes) {
+      void* p = nullptr;
+      cuda::check(cudaMalloc(&p, std::max<std::size_t>(bytes, 1)), fn,
+                  (std::string("allocating ") + what).c_str());
+      buffers.push_back(p);
+    }
+  }
+  void begin_use(void* stream, const char* fn) const {
+    cuda::check(cudaStreamWaitEvent(as_stream(stream), last_use, 0), fn,
+                "ordering after the scratch memory's last use");
+  }
+  void end_use(void* stream, const char* fn) const {
+    cuda::check(cudaEventRecord(last_use, as_stream(stream)), fn,
+                "recording the scratch memory's last use");
+  }
+  template <typename T>
+  T* at(std::size_t i) const {
+    return static_cast<T*>(buffers[i]);
+  }
+  void release() {
+    for (void* p : buffers) cudaFree(p);
+    if (last_use != nullptr) cudaEventDestroy(last_use);
+    buffers.clear();
+    last_use = nullptr;
+  }
+};
+
 struct DeviceRun {
   AttentionPlan plan;  // every stage's work over [q rows, own + received columns)
   // With remote stages, each stage's work alone (forward only), in the same workspace: the
@@ -118,13 +159,15 @@ struct DeviceRun {
   std::vector<AttentionPlan> stage_plans;
   std::vector<std::int64_t> stage_columns;
   void* workspace = nullptr;
+  DeviceScratch forward_scratch, backward_scratch;
   int device_index = 0;
   ~DeviceRun() {
-    if (workspace == nullptr) return;
     int previous = 0;
     cudaGetDevice(&previous);
     cudaSetDevice(device_index);
-    cudaFree(workspace);
+    if (workspace != nullptr) cudaFree(workspace);  // cudaFree waits for the work using it
+    forward_scratch.release();
+    backward_scratch.release();
     cudaSetDevice(previous);
   }
 };
@@ -189,16 +232,20 @@ void staged_forward(DistCore& m, DeviceTimeline& t, std::vector<std::unique_ptr<
   void* stream = options.cuda_stream;
   const auto s = as_stream(stream);
   const std::int64_t tq = m.q_rows(), hq = m.heads_q, dim = m.head_dim, rows = tq * hq;
-  auto acc = device_alloc(rows * dim * sizeof(float), stream, kFwd, "the merged output");
-  auto acc_lse = device_alloc(rows * sizeof(float), stream, kFwd, "the merged lse");
-  auto part = device_alloc(rows * dim * sizeof(float), stream, kFwd, "a stage's output");
-  auto part_lse = device_alloc(rows * sizeof(float), stream, kFwd, "a stage's lse");
-  auto f32 = [](const std::shared_ptr<void>& p) { return static_cast<float*>(p.get()); };
-  auto out_view = [&](const std::shared_ptr<void>& p) {
-    return device_view(p.get(), DType::kFloat32, tq, hq, dim, m.device_index);
+  DeviceScratch& scratch = m.device_run->forward_scratch;
+  const std::size_t out_bytes = rows * dim * sizeof(float), lse_bytes = rows * sizeof(float);
+  scratch.ensure({out_bytes, lse_bytes, out_bytes, lse_bytes}, kFwd,
+                 "the forward's fp32 partial outputs");
+  scratch.begin_use(stream, kFwd);
+  float* const acc = scratch.at<float>(0);  // the merged output and lse
+  float* const acc_lse = scratch.at<float>(1);
+  float* const part = scratch.at<float>(2);  // a later stage's, merged into acc
+  float* const part_lse = scratch.at<float>(3);
+  auto out_view = [&](float* p) {
+    return device_view(p, DType::kFloat32, tq, hq, dim, m.device_index);
   };
-  auto lse_view = [&](const std::shared_ptr<void>& p) {
-    TensorView v = make_view(p.get(), DType::kFloat32, {tq, hq});
+  auto lse_view = [&](float* p) {
+    TensorView v = make_view(p, DType::kFloat32, {tq, hq});
     v.device = Device::kCuda;
     v.device_index = m.device_index;
     return v;
@@ -224,18 +271,18 @@ void staged_forward(DistCore& m, DeviceTimeline& t, std::vector<std::unique_ptr<
           device_view(d.v.get(), m.dtype, cols, m.heads_kv, m.head_dim, m.device_index);
       forward(plan, q, k_cols, v_cols, out_view(first ? acc : part),
               lse_view(first ? acc_lse : part_lse), partial);
-      if (!first) merge_partial(f32(acc), f32(acc_lse), f32(part), f32(part_lse), rows, dim, s);
+      if (!first) merge_partial(acc, acc_lse, part, part_lse, rows, dim, s);
       merged_any = true;
     }
     t.fwd.computed[st] = t.record(stream, kFwd);
   }
   if (!merged_any) {  // no stage attends anything: out = 0, lse = -inf
-    cuda::check(cudaMemsetAsync(acc.get(), 0, rows * dim * sizeof(float), s), kFwd,
-                "clearing the output");
-    fill_empty_lse(f32(acc_lse), rows, s);
+    cuda::check(cudaMemsetAsync(acc, 0, out_bytes, s), kFwd, "clearing the output");
+    fill_empty_lse(acc_lse, rows, s);
   }
-  finish_output(f32(acc), f32(acc_lse), static_cast<const float*>(options.sink.data), hq, out.data,
-                m.dtype, static_cast<float*>(lse.data), rows, dim, s);
+  finish_output(acc, acc_lse, static_cast<const float*>(options.sink.data), hq, out.data, m.dtype,
+                static_cast<float*>(lse.data), rows, dim, s);
+  scratch.end_use(stream, kFwd);
 }
 
 }  // namespace
@@ -309,11 +356,14 @@ void device_backward(DistCore& m, DistContext::State& ctx, const TensorView& dou
   const std::int64_t cols = m.layout.total_columns, own = m.layout.own_columns;
   const std::int64_t hk = m.heads_kv, dim = m.head_dim, hq = m.heads_q;
   const std::size_t frow = m.grad_row_bytes();
-  auto dk_cols = device_alloc(cols * frow, stream, kBwd, "the fp32 dK columns");
-  auto dv_cols = device_alloc(cols * frow, stream, kBwd, "the fp32 dV columns");
-  auto partials = device_alloc(m.partial_rows() * frow, stream, kBwd, "the received partials");
-  std::shared_ptr<void> dsink_mine;
-  if (!dsink.empty()) dsink_mine = device_alloc(hq * sizeof(float), stream, kBwd, "dsink");
+  DeviceScratch& scratch = m.device_run->backward_scratch;
+  scratch.ensure({cols * frow, cols * frow, m.partial_rows() * frow, hq * sizeof(float)}, kBwd,
+                 "the backward's fp32 dK/dV columns and partials");
+  scratch.begin_use(stream, kBwd);
+  float* const dkc = scratch.at<float>(0);
+  float* const dvc = scratch.at<float>(1);
+  auto* const partials = scratch.at<unsigned char>(2);
+  float* const dsink_mine = scratch.at<float>(3);
 
   DeviceTimeline& t = *ctx.device.timeline;
   t.bwd_begin = t.record(stream, kBwd);
@@ -323,21 +373,19 @@ void device_backward(DistCore& m, DistContext::State& ctx, const TensorView& dou
   backward(m.device_run->plan, dout, q,
            device_view(d.k.get(), m.dtype, cols, hk, dim, m.device_index),
            device_view(d.v.get(), m.dtype, cols, hk, dim, m.device_index), out, lse, dq,
-           device_view(dk_cols.get(), DType::kFloat32, cols, hk, dim, m.device_index),
-           device_view(dv_cols.get(), DType::kFloat32, cols, hk, dim, m.device_index), options,
-           dsink.empty() ? TensorView{} : device_vector(dsink_mine.get(), hq, m.device_index));
+           device_view(dkc, DType::kFloat32, cols, hk, dim, m.device_index),
+           device_view(dvc, DType::kFloat32, cols, hk, dim, m.device_index), options,
+           dsink.empty() ? TensorView{} : device_vector(dsink_mine, hq, m.device_index));
 
   t.bwd_computed = t.record(stream, kBwd);
   // Received columns' partials to their owners; this rank's pieces' partials back from theirs.
-  Exchanges x =
-      m.grad_exchanges(bytes_of(dk_cols), bytes_of(dv_cols), bytes_of(partials), ctx.stats);
+  Exchanges x = m.grad_exchanges(reinterpret_cast<unsigned char*>(dkc),
+                                 reinterpret_cast<unsigned char*>(dvc), partials, ctx.stats);
   ctx.stats.bwd_bytes_received = exchange_in_stream_order(*m.comm, x, stream);
   // The owner's sum, in a fixed order (its own partial, then the pieces in plan order), rounded
   // once: the same bits on every run.
   const auto s = as_stream(stream);
-  auto* dkc = reinterpret_cast<float*>(dk_cols.get());
-  auto* dvc = reinterpret_cast<float*>(dv_cols.get());
-  const auto* parts = reinterpret_cast<const float*>(partials.get());
+  const auto* parts = reinterpret_cast<const float*>(partials);
   const std::int64_t per_row = hk * dim;
   for (std::size_t i = 0; i < m.me().sends.size(); ++i) {
     const SendRange& piece = m.me().sends[i];
@@ -352,9 +400,9 @@ void device_backward(DistCore& m, DistContext::State& ctx, const TensorView& dou
 
   if (!dsink.empty()) {  // each rank's rows, then the sum over ranks in rank order
     std::vector<float> mine(hq), all(hq * m.comm->size()), total(hq, 0.f);
-    cuda::check(cudaMemcpyAsync(mine.data(), dsink_mine.get(), hq * sizeof(float),
-                                cudaMemcpyDeviceToHost, s),
-                kBwd, "reading this rank's dsink");
+    cuda::check(
+        cudaMemcpyAsync(mine.data(), dsink_mine, hq * sizeof(float), cudaMemcpyDeviceToHost, s),
+        kBwd, "reading this rank's dsink");
     cuda::check(cudaStreamSynchronize(s), kBwd, "reading this rank's dsink");
     m.comm->all_gather(mine.data(), mine.size() * sizeof(float), all.data());
     for (std::int64_t h = 0; h < hq; ++h)
@@ -364,6 +412,7 @@ void device_backward(DistCore& m, DistContext::State& ctx, const TensorView& dou
         cudaMemcpyAsync(dsink.data, total.data(), hq * sizeof(float), cudaMemcpyHostToDevice, s),
         kBwd, "writing dsink");
   }
+  scratch.end_use(stream, kBwd);
 }
 
 void read_device_timings(DistContext::State& ctx) {

@@ -11,6 +11,8 @@
 //             columns' partials returned to their owners; each owner adds the partials it gets to
 //             its own rows in a fixed order (pieces in plan order) and rounds once; dsink summed
 //             over ranks in rank order.
+// Scratch memory (the forward's fp32 partials, the backward's fp32 columns and partials) is sized
+// once per plan and reused by every call, each use ordered after the previous one on any stream.
 // Events on the stream time each stage (its exposed wait for data and its kernel); the context
 // reads them when its stats are asked for. Nothing waits on the host but the dsink sum.
 #pragma once

@@ -127,14 +127,23 @@ void check_problem(const Problem& p) {
   if (p.sink) opt.sink = ds.view;
   Tensor dk_again(p.dtype, {lk, p.hk, p.d}), dv_again(p.dtype, {lk, p.hk, p.d}),
       dq_again(p.dtype, {lq, p.hq, p.d});
-  // An earlier layer's forward on the same object, its context kept alive (as in training): the
-  // forward after it must give the same bits.
-  Tensor ol_earlier(p.dtype, {lq, p.hq, p.d}), ll_earlier(DType::kFloat32, {lq, p.hq});
-  const DeviceCopy o_earlier(ol_earlier, true), l_earlier(ll_earlier, true);
+  // An earlier layer's forward on the same object, on another stream, its context kept alive (as
+  // in training): the forward after it, not waited for on the host, must give the same bits, and
+  // so must the earlier context's backward (both share the object's scratch memory).
+  Tensor ol_earlier(p.dtype, {lq, p.hq, p.d}), ll_earlier(DType::kFloat32, {lq, p.hq}),
+      dkl_earlier(p.dtype, {lk, p.hk, p.d}), dvl_earlier(p.dtype, {lk, p.hk, p.d}),
+      dql_earlier(p.dtype, {lq, p.hq, p.d}), dsink_earlier(DType::kFloat32, {p.hq});
+  const DeviceCopy o_earlier(ol_earlier, true), l_earlier(ll_earlier, true),
+      gk_earlier(dkl_earlier, true), gv_earlier(dvl_earlier, true), gq_earlier(dql_earlier, true),
+      gs_earlier(dsink_earlier, true);
+  cudaStream_t other = nullptr;
+  cuda_ok(cudaStreamCreateWithFlags(&other, cudaStreamNonBlocking));
+  AttentionOptions opt_other = opt;
+  opt_other.cuda_stream = other;
   {
     // Contexts free their memory on the forward's stream: they go before it.
-    const DistContext earlier =
-        dist.forward(dq_.view, dk_.view, dv_.view, o_earlier.view, l_earlier.view, opt);
+    DistContext earlier =
+        dist.forward(dq_.view, dk_.view, dv_.view, o_earlier.view, l_earlier.view, opt_other);
     DistContext ctx = dist.forward(dq_.view, dk_.view, dv_.view, o.view, l.view, opt);
     // The bytes of the plan: K and V of every received piece; fp32 dK and dV of every sent one.
     std::int64_t recv_tokens = 0, send_tokens = 0;
@@ -166,9 +175,17 @@ void check_problem(const Problem& p) {
     gq.copy_to(dq_again);
     dist.backward(ctx, ddo.view, dq_.view, o.view, l.view, gq.view, gk.view, gv.view,
                   p.sink ? gs.view : TensorView{});
+    dist.backward(earlier, ddo.view, dq_.view, o_earlier.view, l_earlier.view, gq_earlier.view,
+                  gk_earlier.view, gv_earlier.view, p.sink ? gs_earlier.view : TensorView{});
     cuda_ok(cudaStreamSynchronize(stream));
+    cuda_ok(cudaStreamSynchronize(other));
   }
   cuda_ok(cudaStreamDestroy(stream));
+  cuda_ok(cudaStreamDestroy(other));
+  gk_earlier.copy_to(dkl_earlier);
+  gv_earlier.copy_to(dvl_earlier);
+  EXPECT_EQ(dkl_earlier.bytes, dk_again.bytes);
+  EXPECT_EQ(dvl_earlier.bytes, dv_again.bytes);
   o.copy_to(ol);
   l.copy_to(ll);
   o_earlier.copy_to(ol_earlier);
