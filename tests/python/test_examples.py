@@ -10,7 +10,10 @@ TRAIN = os.path.join(ROOT, "examples", "torch_native", "train.py")
 
 
 def losses(cmd):
-    env = dict(os.environ, OMP_NUM_THREADS="1")
+    # PYTHONFAULTHANDLER: a rank that aborts (a rare "terminate called without an active
+    # exception" at interpreter exit, seen with torch 2.15 and gloo, not understood yet) prints
+    # every thread's Python stack, so that its failure says where it was.
+    env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONFAULTHANDLER="1")
     run = subprocess.run(cmd, capture_output=True, text=True, env=env, cwd=ROOT, timeout=600)
     assert run.returncode == 0, run.stdout + run.stderr
     found = [float(x) for x in re.findall(r"step \d+ loss ([0-9.]+)", run.stdout)]
