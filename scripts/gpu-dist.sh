@@ -6,7 +6,7 @@
 # cuda` on 3 staged ranks (stage timings), and with DIST_BENCH="lengths" the world-size-1
 # benchmark (`flexcp bench --dist`: DistAttention on one rank over NCCL against the bare kernel,
 # GQA 64:8, hd128, bf16, on causal, varlen causal, window 1024 in documents and prefix-LM masks).
-# Logs under OUT (default gpu-results/).
+# DIST_TESTS replaces the ctest regex. Logs under OUT (default gpu-results/).
 #   scripts/gpu-dist.sh OUT
 # Carry .deps/cutlass (docs/gpu-host.md).
 set -uo pipefail
@@ -21,7 +21,8 @@ source scripts/gpu-build.sh  # build/gpu; sets `serialised`
 
 t0=$SECONDS
 ctest --test-dir build/gpu -j 4 --output-on-failure \
-  -R 'DistDevice|DeviceComm|Fp32Output|Fp32KeyGradients|RunOnGpus|Errors' > "$out/ctest.log" 2>&1
+  -R "${DIST_TESTS:-DistDevice|DeviceComm|Fp32Output|Fp32KeyGradients|RunOnGpus|Errors}" \
+  > "$out/ctest.log" 2>&1
 rc=$?
 echo "ctest: rc $rc, $((SECONDS - t0)) s; $(grep -E 'tests passed|tests failed' "$out/ctest.log")" \
   >> "$summary"

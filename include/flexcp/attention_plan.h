@@ -45,6 +45,8 @@ struct AttentionPlanOptions {
   bool backward = true;
 };
 
+struct AttentionPlanBuild;  // how flexcp builds one (kernels/plan/attention_plan_impl.h)
+
 class FLEXCP_API AttentionPlan {
  public:
   // An empty plan; running it is an error.
@@ -84,8 +86,8 @@ class FLEXCP_API AttentionPlan {
  private:
   explicit AttentionPlan(std::unique_ptr<Impl> impl);
   friend AttentionPlan make_attention_plan(const std::vector<Band>& work,
-                                           const AttentionShape& shape, const char* fn,
-                                           const AttentionPlanOptions& options);
+                                           const AttentionShape& shape,
+                                           const AttentionPlanBuild& build);
   std::unique_ptr<Impl> impl_;
 };
 

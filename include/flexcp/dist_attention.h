@@ -41,16 +41,19 @@ struct DistAttentionOptions {
 };
 
 struct StageTiming {
-  double wait_ms = 0;     // waiting for this stage's K/V (forward) or nothing (backward)
+  // Forward: waiting for this stage's K/V. Backward: stage 0 only (on device tensors), waiting for
+  // the dK/dV partials of this rank's rows after every stage's kernel.
+  double wait_ms = 0;
   double compute_ms = 0;  // the kernel on this stage's work
 };
 
 // What one forward (and the backward that took its context) moved and how long it took. On host
-// tensors, host time. On device tensors, device time read from events on the stream: a stage's
-// wait_ms is how long the stream stood still waiting for that stage's K/V (the exposed
-// communication), its compute_ms its kernel and merge (stage 0: also the copy of the own rows);
-// the backward is one stage (its kernel), backward_ms adds returning and summing the partials.
-// Reading them waits on the host for the timed work.
+// tensors, host time. On device tensors, device time read from events on the stream: a forward
+// stage's wait_ms is how long the stream stood still waiting for that stage's K/V (the exposed
+// communication), its compute_ms its kernel and merge; the backward runs its stages the last
+// first and stage 0 last (the first to run also computes the row statistics), each stage's
+// partials travelling while the next computes; backward[0].wait_ms is what stayed exposed, and
+// backward_ms adds dq and the owner's sum. Reading them waits on the host for the timed work.
 struct DistStats {
   std::int64_t fwd_bytes_received = 0;  // K and V, in the input dtype, as the transport counted
   std::int64_t fwd_bytes_sent = 0;

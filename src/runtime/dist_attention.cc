@@ -74,24 +74,25 @@ namespace runtime {
 namespace {
 
 // A piece's K and V (or its dK and dV partials): two messages of `bytes` each, to or from `peer`.
-template <class Op>
-void push_pair(std::vector<Op>& ops, int peer, unsigned char* first, unsigned char* second,
-               std::size_t bytes, int index, Message first_kind, Message second_kind) {
+template <class Op, class Bytes>
+void push_pair(std::vector<Op>& ops, int peer, Bytes* first, Bytes* second, std::size_t bytes,
+               int index, Message first_kind, Message second_kind) {
   ops.push_back({peer, first, bytes, CommLayout::tag(index, first_kind)});
   ops.push_back({peer, second, bytes, CommLayout::tag(index, second_kind)});
 }
 
 }  // namespace
 
-Exchanges DistCore::kv_exchanges(unsigned char* k_cols, unsigned char* v_cols,
-                                 DistStats& stats) const {
+Exchanges DistCore::kv_exchanges(unsigned char* k_cols, unsigned char* v_cols, DistStats& stats,
+                                 const unsigned char* k_own, const unsigned char* v_own) const {
   const std::size_t row = kv_row_bytes();
+  if (k_own == nullptr || v_own == nullptr) k_own = k_cols, v_own = v_cols;
   Exchanges x(layout.exchanges);
   for (std::size_t i = 0; i < me().sends.size(); ++i) {
     const SendRange& s = me().sends[i];
     const std::int64_t r = layout.own_row(s.tokens.begin);  // a piece's rows are neighbours
     const std::size_t bytes = s.tokens.size() * row;
-    push_pair(x.sends[layout.send_stage[i]], s.dest, k_cols + r * row, v_cols + r * row, bytes,
+    push_pair(x.sends[layout.send_stage[i]], s.dest, k_own + r * row, v_own + r * row, bytes,
               s.index, Message::kK, Message::kV);
     stats.fwd_bytes_sent += 2 * static_cast<std::int64_t>(bytes);
   }

@@ -1,20 +1,25 @@
 // DistAttention on device tensors (plan.device cuda, a communicator on device memory: nccl or
 // staged), bound once to kernel plans and a workspace the DistAttention owns:
-//   forward:  own rows into the context's column buffers; every stage's K/V exchange started on
-//             the caller's stream (the communicator's own stream carries them); stage 0 runs on
-//             the own columns at once, and each later stage's kernel waits in stream order for
-//             that stage's K/V only. With remote stages, each stage's forward-only plan writes an
-//             fp32 partial out and lse, merged on the GPU through their lse, the sink folded in
-//             once and out rounded once; without, one kernel writes out and lse directly (the
-//             bare kernel's bits);
-//   backward: one backward over all columns with dK and dV in fp32; each stage's received
-//             columns' partials returned to their owners; each owner adds the partials it gets to
-//             its own rows in a fixed order (pieces in plan order) and rounds once; dsink summed
-//             over ranks in rank order.
+//   forward:  every stage's K/V exchange started on the caller's stream (sends read the caller's
+//             shards; the communicator's own stream carries them); stage 0 runs on the caller's
+//             shards at once while the own rows are copied into the context's columns on a side
+//             stream, and each later stage's kernel waits in stream order for that stage's K/V
+//             only. With remote stages, each stage's plan writes an fp32 partial out and lse,
+//             merged on the GPU through their lse, the sink folded in once and out rounded once;
+//             without, one kernel writes out and lse directly (the bare kernel's bits);
+//   backward: stage by stage, the last-received stage first and stage 0 last, each a keys-only
+//             plan adding its fp32 dK/dV into the columns (the row statistics and the dQ
+//             accumulator are the plan over all columns'); a stage's exchange returns its
+//             columns' partials to their owners while the stages after it compute; each owner
+//             adds the partials it gets to its own rows in a fixed order (pieces in plan order)
+//             and rounds once; dsink summed over ranks in rank order. A rank that received
+//             nothing and whose rows nobody read gets dK/dV from one kernel in its dtype.
 // Scratch memory (the forward's fp32 partials, the backward's fp32 columns and partials) is sized
-// once per plan and reused by every call, each use ordered after the previous one on any stream.
-// Events on the stream time each stage (its exposed wait for data and its kernel); the context
-// reads them when its stats are asked for. Nothing waits on the host but the dsink sum.
+// once per plan and reused by every call; each call waits for the previous one to end, on any
+// stream (all share the workspace). Events on the stream time each stage (the forward's exposed
+// wait for data and its kernel; the backward's kernels and its wait for the partials); the
+// context reads them when its stats are asked for. Nothing waits on the host but the dsink sum
+// (and the staged communicator, by design).
 #pragma once
 
 #include <cstdint>

@@ -131,9 +131,12 @@ struct DistCore {
 
   // The forward's group-cast of K/V into the column buffers k_cols/v_cols ([total_columns, Hk,
   // D], own rows first, then each received piece at its column; host or device memory alike).
-  // Sends read the own rows there. Exchange s sends the pieces their receivers consume in stage s
-  // and receives this rank's stage s.
-  Exchanges kv_exchanges(unsigned char* k_cols, unsigned char* v_cols, DistStats& stats) const;
+  // Sends read the own rows from k_own/v_own (the rank's shards, rows in the same order), or
+  // there when those are null. Exchange s sends the pieces their receivers consume in stage s and
+  // receives this rank's stage s.
+  Exchanges kv_exchanges(unsigned char* k_cols, unsigned char* v_cols, DistStats& stats,
+                         const unsigned char* k_own = nullptr,
+                         const unsigned char* v_own = nullptr) const;
   // The backward's group-reduce: exchange s returns the fp32 dK/dV partials of the columns this
   // rank received in stage s (rows of dk_cols/dv_cols) to their owners, and receives the partials
   // of the pieces this rank sent whose receivers consumed them in stage s, into `partials`: piece

@@ -2,13 +2,16 @@
 // most twice that of a naive implementation in the same input precision, plus a small atol. The
 // forward runs on the GPU too (the backward reads its out and lse); gradients are poisoned on the
 // device first. Skips, saying why, where no GPU is present.
+#include <algorithm>
 #include <cmath>
 #include <optional>
 #include <random>
 #include <string>
+#include <vector>
 
 #include "cuda_test_util.h"
 #include "kernels/plan/attention_plan_impl.h"
+#include "kernels/sm90/sm90_backward.h"
 #include "non_finite.h"
 
 namespace flexcp {
@@ -66,8 +69,80 @@ DeviceGrads run_on_device(const test::KernelCase& c, const Inputs& in, const Mas
   return g;
 }
 
+DeviceGrads in_one_call(const test::KernelCase& c, const Inputs& in, const Mask& mask) {
+  return run_on_device(c, in, mask);
+}
+
+// The backward in steps, as DistAttention's stages run it (kernels/sm90/sm90_backward.h): the work
+// cut at two column boundaries (not at key tiles') into three keys-only plans, each reading the
+// columns up to its part's end, the last part first; the row statistics and the dQ accumulator in
+// a plan over all of the work; dK and dV added in fp32 into one zeroed buffer, rounded on the host.
+DeviceGrads in_three_key_parts(const test::KernelCase& c, const Inputs& in, const Mask& mask) {
+  const AttentionShape shape{c.tq, c.tk, c.hq, c.hk, c.d, c.dtype, Device::kCuda, 0};
+  const std::vector<Band> work = mask_bands(mask);
+  const std::int64_t cut[] = {0, c.tk * 2 / 5, c.tk * 3 / 4 + 1, c.tk};
+  AttentionPlan rows(work, shape);
+  std::vector<AttentionPlan> parts;
+  AttentionPlanBuild keys_only;
+  keys_only.keys_only = true;
+  for (int p = 0; p < 3; ++p) {
+    std::vector<Band> part = work;
+    for (Band& b : part) {
+      b.begin_min = std::max(b.begin_min, cut[p]);
+      b.end_max = std::min(b.end_max, cut[p + 1]);
+    }
+    AttentionShape upto = shape;
+    upto.seqlen_k = cut[p + 1];
+    parts.push_back(make_attention_plan(part, upto, keys_only));
+  }
+  std::vector<void*> workspaces;
+  for (AttentionPlan* plan : {&rows, &parts[0], &parts[1], &parts[2]}) {
+    EXPECT_EQ(plan->impl().keys_only, plan != &rows);
+    void*& ws = workspaces.emplace_back();
+    cuda_ok(cudaMalloc(&ws, plan->workspace_bytes()));
+    plan->bind_workspace(ws, plan->workspace_bytes());
+  }
+  // Without the rows' statistics and dQ accumulator a part's workspace is a small fraction.
+  EXPECT_LT(parts[0].workspace_bytes(), rows.workspace_bytes());
+
+  DeviceGrads g{Tensor(c.dtype, {c.tq, c.hq, c.d}), Tensor(DType::kFloat32, {c.tk, c.hk, c.d}),
+                Tensor(DType::kFloat32, {c.tk, c.hk, c.d}), Tensor(DType::kFloat32, {c.hq})};
+  const Tensor out(c.dtype, {c.tq, c.hq, c.d}), lse(DType::kFloat32, {c.tq, c.hq});
+  const DeviceCopy q(in.q), k(in.k), v(in.v), dout(in.dout), o(out, true), l(lse, true);
+  const DeviceCopy dq(g.dq, true), dk(g.dk), dv(g.dv), dsink(g.dsink, true);  // dK, dV zeros
+  AttentionOptions options = in.options;
+  std::optional<DeviceCopy> sink;
+  if (c.sink) options.sink = sink.emplace(in.sink).view;
+  const TensorView ds = c.sink ? dsink.view : TensorView{};
+  forward(rows, q.view, k.view, v.view, o.view, l.view, options);
+  CallShape s;
+  static_cast<AttentionShape&>(s) = shape;
+  s.scale = c.scale != 0 ? c.scale : 1.0 / std::sqrt(static_cast<double>(c.d));
+  auto first = [](TensorView t, std::int64_t rows_kept) {
+    t.shape[0] = rows_kept;
+    return t;
+  };
+  sm90::backward_rows_begin(s, rows.impl(), dout.view, o.view, l.view, options, ds);
+  for (int p = 2; p >= 0; --p)
+    sm90::backward_keys(s, rows.impl(), parts[p].impl(), dout.view, q.view,
+                        first(k.view, cut[p + 1]), first(v.view, cut[p + 1]),
+                        first(dk.view, cut[p + 1]), first(dv.view, cut[p + 1]), options, true);
+  sm90::backward_rows_end(s, rows.impl(), dout.view, q.view, k.view, v.view, o.view, l.view,
+                          dq.view, options, ds);
+  dq.copy_to(g.dq);
+  dk.copy_to(g.dk);
+  dv.copy_to(g.dv);
+  dsink.copy_to(g.dsink);
+  for (void* ws : workspaces) cuda_ok(cudaFree(ws));
+  g.dk = test::rounded_to(g.dk, c.dtype);
+  g.dv = test::rounded_to(g.dv, c.dtype);
+  return g;
+}
+
+using DeviceRunner = DeviceGrads (*)(const test::KernelCase&, const Inputs&, const Mask&);
+
 void check_gradients(const test::KernelCase& c, const Mask& mask, std::mt19937_64& rng,
-                     bool deterministic) {
+                     bool deterministic, DeviceRunner run = in_one_call) {
   SCOPED_TRACE(c.name + " tq=" + std::to_string(c.tq) + " tk=" + std::to_string(c.tk) + " hq=" +
                std::to_string(c.hq) + " hk=" + std::to_string(c.hk) + " d=" + std::to_string(c.d) +
                " dtype=" + dtype_name(c.dtype) + (deterministic ? " deterministic" : ""));
@@ -81,7 +156,7 @@ void check_gradients(const test::KernelCase& c, const Mask& mask, std::mt19937_6
   test::naive_backward(in.dout.view, in.q.view, in.k.view, in.v.view, mask, o, c.dtype, naive_dq,
                        naive_dk, naive_dv);
 
-  const DeviceGrads g = run_on_device(c, in, mask);
+  const DeviceGrads g = run(c, in, mask);
   constexpr double kAtol = 2e-4;
   EXPECT_LE(test::max_abs_diff(test::as_fp64(g.dq), ref_dq),
             2 * test::max_abs_diff(naive_dq, ref_dq) + kAtol);
@@ -202,6 +277,23 @@ TEST(Sm90Backward, Fp32KeyGradientsRoundToTheInputDtypesBits) {
         EXPECT_EQ(full.dq.bytes, low.dq.bytes);
       }
     }
+  }
+}
+
+// The backward in steps over three keys-only plans (DistAttention's stages) against the
+// reference, in both modes; random slices, GQA, a causal mask, softcap, sink and a scale.
+TEST(Sm90Backward, KeysInSeveralPlansMatchTheReference) {
+  SKIP_WITHOUT_GPU();
+  std::mt19937_64 rng(95);
+  const test::KernelCase cases[] = {
+      {"random", 700, 1900, 8, 2, 128},
+      {"causal", 1500, 1500, 16, 2, 128},
+      {"softcap-sink-scale", 900, 1100, 8, 4, 64, DType::kFloat16, 30.0, true, 0.1}};
+  for (const test::KernelCase& c : cases) {
+    const Mask mask =
+        c.name == "causal" ? masks::causal(c.tq, c.tk) : test::random_mask(rng, c.tq, c.tk);
+    for (const bool deterministic : {false, true})
+      check_gradients(c, mask, rng, deterministic, in_three_key_parts);
   }
 }
 

@@ -166,9 +166,21 @@ void check_problem(const Problem& p) {
                   p.sink ? gs.view : TensorView{});
     EXPECT_EQ(ctx.stats().bwd_bytes_received, 2 * send_tokens * row * 4);
     EXPECT_EQ(ctx.stats().bwd_bytes_sent, 2 * recv_tokens * row * 4);
-    ASSERT_EQ(ctx.stats().backward.size(), 1u);
-    EXPECT_GT(ctx.stats().backward[0].compute_ms, 0);
-    EXPECT_GE(ctx.stats().backward_ms, ctx.stats().backward[0].compute_ms);
+    // The backward stage by stage too (the last first), then the wait for this rank's partials.
+    const DistStats& bst = ctx.stats();
+    ASSERT_EQ(bst.backward.size(), static_cast<std::size_t>(dist.plan().rank.num_stages + 1));
+    double bwd_stages_ms = 0, bwd_compute_ms = 0;
+    for (std::size_t s = 0; s < bst.backward.size(); ++s) {
+      EXPECT_GE(bst.backward[s].compute_ms, 0);
+      EXPECT_GE(bst.backward[s].wait_ms, 0);
+      if (s > 0) {
+        EXPECT_EQ(bst.backward[s].wait_ms, 0);
+      }
+      bwd_compute_ms += bst.backward[s].compute_ms;
+      bwd_stages_ms += bst.backward[s].compute_ms + bst.backward[s].wait_ms;
+    }
+    EXPECT_GT(bwd_compute_ms, 0);
+    EXPECT_LE(bwd_stages_ms, bst.backward_ms + 1e-3);
     cuda_ok(cudaStreamSynchronize(stream));
     gk.copy_to(dk_again);
     gv.copy_to(dv_again);

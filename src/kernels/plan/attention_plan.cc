@@ -36,11 +36,11 @@ void lay_out_plan(AttentionPlan::Impl& m, WorkspaceWriter& writer) {
   m.device_rows = lay_out(m.rows, writer);
   if (!m.backward) return;
   m.device_cols = lay_out(m.cols, writer);
-  m.device_dq_rows = lay_out(m.dq_rows, writer);
+  if (!m.keys_only) m.device_dq_rows = lay_out(m.dq_rows, writer);
   m.device_units = writer.put("backward units", m.bwd_units.units);
   m.device_split_counters =
       writer.zeros<int>("backward split counters", static_cast<std::size_t>(m.bwd_units.counters));
-  m.scratch = sm90::lay_out_bwd_scratch(m.shape, m.bwd_units.slots, writer);
+  m.scratch = sm90::lay_out_bwd_scratch(m.shape, m.bwd_units.slots, !m.keys_only, writer);
 }
 
 void check_shape(const ArgChecker& c, const AttentionShape& s) {
@@ -122,14 +122,16 @@ AttentionPlan plan_for_mask(const Mask& mask, const AttentionShape& shape,
 }  // namespace
 
 AttentionPlan make_attention_plan(const std::vector<Band>& work, const AttentionShape& shape,
-                                  const char* fn, const AttentionPlanOptions& options) {
-  const ArgChecker c(fn);
+                                  const AttentionPlanBuild& build) {
+  const ArgChecker c(build.fn);
+  const AttentionPlanOptions& options = build.options;
   check_shape(c, shape);
   check_kernel(c, shape);
   const std::vector<Band> bands = checked_work(c, work, shape);
   auto impl = std::make_unique<AttentionPlan::Impl>();
   impl->shape = shape;
   impl->backward = options.backward;
+  impl->keys_only = build.keys_only && options.backward && shape.device == Device::kCuda;
   for (const Band& b : bands)
     impl->area += band_area(b, b.row_begin, b.row_end, b.begin_min, b.end_max);
   const std::int64_t tq = shape.seqlen_q, tk = shape.seqlen_k;
@@ -180,10 +182,11 @@ AttentionPlan make_attention_plan(const std::vector<Band>& work, const Attention
       c.fail("the backward has " + std::to_string(impl->bwd_units.units.size()) +
              " units of work; the CUDA kernel takes at most 2^31 - 1");
 #endif
-    impl->dq_rows = build_work_list(bands, tq, tk,
-                                    {.order = WorkListOrder::kRowMajor,
-                                     .tile_rows = tiles::kSm90BwdDqBlockM,
-                                     .block_cols = tiles::kSm90BwdDqBlockN});
+    if (!impl->keys_only)
+      impl->dq_rows = build_work_list(bands, tq, tk,
+                                      {.order = WorkListOrder::kRowMajor,
+                                       .tile_rows = tiles::kSm90BwdDqBlockM,
+                                       .block_cols = tiles::kSm90BwdDqBlockN});
     const std::int64_t dq_items = impl->dq_rows.num_tiles() * shape.heads_q;
     if (impl->dq_rows.entries.size() > static_cast<std::size_t>(INT32_MAX) || dq_items > INT32_MAX)
       c.fail("the deterministic dQ pass's work list has " +

@@ -26,7 +26,8 @@ struct AttentionPlan::Impl {
   // The sm90 backward's units, cut from `cols` for the device's SMs (sm90 backward plans only).
   BwdUnits bwd_units;
   bool backward = true;
-  int pack = 1;  // sm90: q heads packed into one tile's rows (tiles::sm90_pack)
+  bool keys_only = false;  // AttentionPlanBuild::keys_only
+  int pack = 1;            // sm90: q heads packed into one tile's rows (tiles::sm90_pack)
 
   std::size_t workspace_bytes = 0;
   std::string workspace_regions;          // for the message of a too-small workspace
@@ -39,8 +40,22 @@ struct AttentionPlan::Impl {
   sm90::BwdScratch scratch;  // the backward's scratch (backward plans)
 };
 
-// Builds a plan, naming `fn` in its errors (the public entry that asked for it).
+// How a plan is built: `fn` names the public entry that asked for it in the errors. A keys-only
+// plan (a CUDA backward plan) is one part of a larger problem whose keys run as several plans
+// (DistAttention's stages): it leaves out the row statistics, the dQ accumulator and the
+// deterministic dQ pass's list, which another plan over all of the problem's rows holds
+// (sm90::backward_keys).
+struct AttentionPlanBuild {
+  const char* fn = "flexcp::AttentionPlan";
+  AttentionPlanOptions options;
+  bool keys_only = false;
+};
+
 AttentionPlan make_attention_plan(const std::vector<Band>& work, const AttentionShape& shape,
-                                  const char* fn, const AttentionPlanOptions& options = {});
+                                  const AttentionPlanBuild& build);
+inline AttentionPlan make_attention_plan(const std::vector<Band>& work, const AttentionShape& shape,
+                                         const char* fn, const AttentionPlanOptions& options = {}) {
+  return make_attention_plan(work, shape, AttentionPlanBuild{fn, options});
+}
 
 }  // namespace flexcp

@@ -15,9 +15,9 @@
 namespace flexcp::sm90::detail {
 
 // dK (times the scale) and dV of the unit's keys, from this thread's accumulator fragments (its
-// warp group owns keys [64 half, 64 half + 64) of the tile), as OutT; rows past the keys are not
-// written.
-template <class Cfg, class OutT, class Frag>
+// warp group owns keys [64 half, 64 half + 64) of the tile), as OutT, or with Add (fp32) added to
+// what dk and dv hold; rows past the keys are not written.
+template <class Cfg, class OutT, bool Add, class Frag>
 __device__ __forceinline__ void store_dk_dv(const BwdParams& p, const BwdUnit& it,
                                             const Frag& dk_acc, const Frag& dv_acc, int half) {
   using Pair = cutlass::Array<OutT, 2>;
@@ -37,6 +37,11 @@ __device__ __forceinline__ void store_dk_dv(const BwdParams& p, const BwdUnit& i
       k2[1] = OutT(dk_acc(1 + 2 * h + 4 * j) * p.scale);
       v2[0] = OutT(dv_acc(2 * h + 4 * j));
       v2[1] = OutT(dv_acc(1 + 2 * h + 4 * j));
+      if constexpr (Add) {
+        const Pair k_had = *reinterpret_cast<const Pair*>(dk + 8 * j);
+        const Pair v_had = *reinterpret_cast<const Pair*>(dv + 8 * j);
+        k2[0] += k_had[0], k2[1] += k_had[1], v2[0] += v_had[0], v2[1] += v_had[1];
+      }
       *reinterpret_cast<Pair*>(dk + 8 * j) = k2;
       *reinterpret_cast<Pair*>(dv + 8 * j) = v2;
     }
@@ -47,10 +52,12 @@ __device__ __forceinline__ void store_dk_dv(const BwdParams& p, const BwdUnit& i
 template <class Cfg, class Frag>
 __device__ __forceinline__ void write_dk_dv(const BwdParams& p, const BwdUnit& it,
                                             const Frag& dk_acc, const Frag& dv_acc, int half) {
-  if (p.dkv_fp32)
-    store_dk_dv<Cfg, float>(p, it, dk_acc, dv_acc, half);
+  if (p.dkv_add)
+    store_dk_dv<Cfg, float, true>(p, it, dk_acc, dv_acc, half);
+  else if (p.dkv_fp32)
+    store_dk_dv<Cfg, float, false>(p, it, dk_acc, dv_acc, half);
   else
-    store_dk_dv<Cfg, typename Cfg::Element>(p, it, dk_acc, dv_acc, half);
+    store_dk_dv<Cfg, typename Cfg::Element, false>(p, it, dk_acc, dv_acc, half);
 }
 
 // A unit of a split item stores its dK and dV partials (unscaled) in its slot and counts itself

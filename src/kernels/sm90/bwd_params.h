@@ -45,6 +45,7 @@ struct BwdParams {
   void* dk = nullptr;
   void* dv = nullptr;
   bool dkv_fp32 = false;
+  bool dkv_add = false;  // fp32 only: added to what dk and dv hold (sm90::backward_keys)
   std::int64_t dk_stride_t = 0, dk_stride_h = 0;
   std::int64_t dv_stride_t = 0, dv_stride_h = 0;
   // The plan's column-major work list (tiles of kBwdBlockN keys, intervals of q rows) in its

@@ -44,18 +44,21 @@ inline std::int64_t bwd_partial_slot_floats(std::int64_t head_dim) {
   return 2 * tiles::kSm90BwdBlockN * head_dim;
 }
 
+// `with_rows` false (a keys-only plan): only the partials; the rows' scratch is another plan's.
 inline BwdScratch lay_out_bwd_scratch(const AttentionShape& s, std::int64_t partial_slots,
-                                      WorkspaceWriter& writer) {
+                                      bool with_rows, WorkspaceWriter& writer) {
   BwdScratch b;
-  b.stats_stride = (s.seqlen_q + 3) / 4 * 4 + kBwdStatsPad;
-  b.stats_blocks = (s.seqlen_q + tiles::kSm90BwdBlockM - 1) / tiles::kSm90BwdBlockM;
-  const auto stats = static_cast<std::size_t>(s.heads_q * b.stats_stride);
-  b.lse2 = writer.scratch<float>("backward lse2", stats);
-  b.delta = writer.scratch<float>("backward delta", stats);
-  b.dq_accum = writer.scratch<float>("backward dQ accumulator",
-                                     static_cast<std::size_t>(s.seqlen_q * s.heads_q * s.head_dim));
-  b.dsink_partial = writer.scratch<float>("backward dsink partials",
-                                          static_cast<std::size_t>(s.heads_q * b.stats_blocks));
+  if (with_rows) {
+    b.stats_stride = (s.seqlen_q + 3) / 4 * 4 + kBwdStatsPad;
+    b.stats_blocks = (s.seqlen_q + tiles::kSm90BwdBlockM - 1) / tiles::kSm90BwdBlockM;
+    const auto stats = static_cast<std::size_t>(s.heads_q * b.stats_stride);
+    b.lse2 = writer.scratch<float>("backward lse2", stats);
+    b.delta = writer.scratch<float>("backward delta", stats);
+    b.dq_accum = writer.scratch<float>(
+        "backward dQ accumulator", static_cast<std::size_t>(s.seqlen_q * s.heads_q * s.head_dim));
+    b.dsink_partial = writer.scratch<float>("backward dsink partials",
+                                            static_cast<std::size_t>(s.heads_q * b.stats_blocks));
+  }
   if (partial_slots > 0)
     b.partials = writer.scratch<float>(
         "backward dK/dV partials",
