@@ -35,86 +35,132 @@ struct Times {
 };
 
 #if defined(FLEXCP_TOOLS_CUDA)
-// Median device seconds of `fwd`, and where there is a `bwd`, of it and of the pair back to back.
-Times device_times(const std::function<void()>& fwd, const std::function<void()>& bwd, int warmup,
-                   int repeat) {
-  Times t;
-  const int w = std::max(warmup, 1);
-  t.fwd = median_device_seconds(fwd, w, repeat);
-  if (!bwd) return t;
-  t.bwd = median_device_seconds(bwd, w, repeat);
-  t.fwd_bwd = median_device_seconds(
-      [&] {
-        fwd();
-        bwd();
-      },
-      w, repeat);
-  return t;
+// One way of running the forward and, with --backward, the backward on the device, with the state
+// it owns; it stays where it was built (the calls point into it).
+struct DeviceCalls {
+  std::function<void()> fwd, bwd;  // bwd empty without --backward
+  virtual ~DeviceCalls() = default;
+};
+
+// The bare kernel: the plan built and bound once, as in training where every layer shares the
+// mask, so that each call only launches. The backward runs on the forward's out and lse.
+struct KernelCalls : DeviceCalls {
+  const DeviceTensor q, k, v, out, lse;
+  std::optional<DeviceTensor> dout, dq, dk, dv;
+  AttentionPlan plan;
+  const DeviceWorkspace workspace;
+  KernelCalls(const HostTensor& hq, const HostTensor& hk, const HostTensor& hv, const Mask& mask,
+              const HostTensor& hout, const HostTensor& hlse, const HostTensor* hdout,
+              const AttentionOptions& options)
+      : q(hq),
+        k(hk),
+        v(hv),
+        out(hout),
+        lse(hlse),
+        plan(mask,
+             {mask.seqlen_q(), mask.seqlen_k(), hq.shape()[1], hk.shape()[1], hq.shape()[2],
+              hq.view().dtype, Device::kCuda},
+             {.backward = hdout != nullptr}),
+        workspace(plan) {
+    fwd = [this] { forward(plan, q.view(), k.view(), v.view(), out.view(), lse.view()); };
+    if (hdout == nullptr) return;
+    dout.emplace(*hdout), dq.emplace(hq), dk.emplace(hk), dv.emplace(hv);
+    bwd = [this, options] {
+      backward(plan, dout->view(), q.view(), k.view(), v.view(), out.view(), lse.view(), dq->view(),
+               dk->view(), dv->view(), options);
+    };
+  }
+};
+
+// A tensor in one rank's order (dispatched by `dist`).
+HostTensor dispatched(const DistAttention& dist, const HostTensor& t, bool kv) {
+  HostTensor local(t.view().dtype, t.shape());
+  if (kv)
+    dist.dispatch_kv(t.view(), local.view());
+  else
+    dist.dispatch_q(t.view(), local.view());
+  return local;
+}
+
+DistAttentionOptions on_device() {
+  DistAttentionOptions o;
+  o.plan.device = Device::kCuda;
+  return o;
 }
 
 // The same calls through DistAttention on one rank over flexcp's NCCL communicator: what the
-// distributed path costs beyond the kernels (the own K/V copied into the context's columns, the
-// fp32 dK/dV columns rounded once, events; no exchange). The inputs are dispatched first (one
-// rank's order is the global one, but the bench does not rely on it).
-Times time_through_dist(const HostTensor& q, const HostTensor& k, const HostTensor& v,
-                        const Mask& mask, const HostTensor* dout, const AttentionOptions& options,
-                        int warmup, int repeat) {
-  auto comm = make_nccl_communicator(make_nccl_unique_id(), 0, 1);
-  DistAttentionOptions o;
-  o.plan.device = Device::kCuda;
-  const DType dtype = q.view().dtype;
-  DistAttention dist(mask, *comm, q.shape()[1], k.shape()[1], q.shape()[2], dtype, o);
-  HostTensor ql(dtype, q.shape()), kl(dtype, k.shape()), vl(dtype, v.shape()),
-      dol(dtype, q.shape());
-  dist.dispatch_q(q.view(), ql.view());
-  dist.dispatch_kv(k.view(), kl.view());
-  dist.dispatch_kv(v.view(), vl.view());
-  if (dout != nullptr) dist.dispatch_q(dout->view(), dol.view());
-  const DeviceTensor dq(ql), dk(kl), dv(vl), out(ql), g(dol), gq(ql), gk(kl), gv(vl),
-      lse(HostTensor(DType::kFloat32, {q.shape()[0], q.shape()[1]}));
+// distributed path costs beyond the kernels (a stream-ordered allocation of the context's
+// columns, the own K/V copied into them beside the kernel, events; no exchange). The inputs are
+// dispatched first (one rank's order is the global one, but the bench does not rely on it).
+struct DistCalls : DeviceCalls {
+  std::unique_ptr<Communicator> comm;
+  DistAttention dist;
+  const DeviceTensor q, k, v, out, lse;
+  std::optional<DeviceTensor> dout, dq, dk, dv;
   DistContext ctx;
-  auto fwd = [&] {
-    ctx = dist.forward(dq.view(), dk.view(), dv.view(), out.view(), lse.view(), options);
-  };
-  std::function<void()> bwd;
-  if (dout != nullptr)
-    bwd = [&] {
-      dist.backward(ctx, g.view(), dq.view(), out.view(), lse.view(), gq.view(), gk.view(),
-                    gv.view());
+  DistCalls(const HostTensor& hq, const HostTensor& hk, const HostTensor& hv, const Mask& mask,
+            const HostTensor* hdout, const AttentionOptions& options)
+      : comm(make_nccl_communicator(make_nccl_unique_id(), 0, 1)),
+        dist(mask, *comm, hq.shape()[1], hk.shape()[1], hq.shape()[2], hq.view().dtype,
+             on_device()),
+        q(dispatched(dist, hq, false)),
+        k(dispatched(dist, hk, true)),
+        v(dispatched(dist, hv, true)),
+        out(hq),
+        lse(HostTensor(DType::kFloat32, {hq.shape()[0], hq.shape()[1]})) {
+    fwd = [this, options] {
+      ctx = dist.forward(q.view(), k.view(), v.view(), out.view(), lse.view(), options);
     };
-  return device_times(fwd, bwd, warmup, repeat);
+    if (hdout == nullptr) return;
+    dout.emplace(dispatched(dist, *hdout, false)), dq.emplace(hq), dk.emplace(hk), dv.emplace(hv);
+    bwd = [this] {
+      dist.backward(ctx, dout->view(), q.view(), out.view(), lse.view(), dq->view(), dk->view(),
+                    dv->view());
+    };
+  }
+};
+
+// Median device seconds of each way, per direction (fwd; with a backward, bwd and the pair back to
+// back), their samples taken in turn so that the ratios between them are fair.
+std::vector<Times> device_times(const std::vector<const DeviceCalls*>& ways, int warmup,
+                                int repeat) {
+  std::vector<Times> t(ways.size());
+  auto time = [&](auto&& call_of, double Times::*field) {
+    std::vector<std::function<void()>> fns;
+    for (const DeviceCalls* w : ways) fns.push_back(call_of(*w));
+    const std::vector<double> medians =
+        alternating_median_device_seconds(fns, std::max(warmup, 1), repeat);
+    for (std::size_t i = 0; i < ways.size(); ++i) t[i].*field = medians[i];
+  };
+  time([](const DeviceCalls& w) { return w.fwd; }, &Times::fwd);
+  if (!ways.front()->bwd) return t;
+  time([](const DeviceCalls& w) { return w.bwd; }, &Times::bwd);
+  time(
+      [](const DeviceCalls& w) {
+        return std::function<void()>([&w] {
+          w.fwd();
+          w.bwd();
+        });
+      },
+      &Times::fwd_bwd);
+  return t;
 }
 #endif
 
-// Median seconds on the GPU (event-timed): the plan is built and bound once, as in training where
-// every layer shares the mask, so each call only launches. The backward runs on the forward's out
-// and lse; fwd+bwd times the pair back to back.
-Times time_on_device(const HostTensor& q, const HostTensor& k, const HostTensor& v,
-                     const Mask& mask, HostTensor& out, HostTensor& lse, const HostTensor* dout,
-                     const AttentionOptions& options, int warmup, int repeat) {
+// Median seconds on the GPU (event-timed) of the bare kernel and, with `dist`, of the same calls
+// through DistAttention (the second entry), sampled in turn.
+std::vector<Times> time_on_device(const HostTensor& q, const HostTensor& k, const HostTensor& v,
+                                  const Mask& mask, HostTensor& out, HostTensor& lse,
+                                  const HostTensor* dout, const AttentionOptions& options,
+                                  bool dist, int warmup, int repeat) {
 #if defined(FLEXCP_TOOLS_CUDA)
-  const DeviceTensor dq(q), dk(k), dv(v), dout_(out), dlse(lse);
-  struct Grads {  // the backward's tensors, only when it is timed
-    DeviceTensor g, gq, gk, gv;
-    Grads(const HostTensor& d, const HostTensor& q, const HostTensor& k, const HostTensor& v)
-        : g(d), gq(q), gk(k), gv(v) {}
-  };
-  std::optional<Grads> b;
-  if (dout != nullptr) b.emplace(*dout, q, k, v);
-  AttentionShape shape{mask.seqlen_q(), mask.seqlen_k(), q.shape()[1], k.shape()[1],
-                       q.shape()[2],    q.view().dtype,  Device::kCuda};
-  AttentionPlan plan(mask, shape, {.backward = dout != nullptr});
-  const DeviceWorkspace workspace(plan);
-  auto fwd = [&] { forward(plan, dq.view(), dk.view(), dv.view(), dout_.view(), dlse.view()); };
-  std::function<void()> bwd;
-  if (dout != nullptr)
-    bwd = [&] {
-      backward(plan, b->g.view(), dq.view(), dk.view(), dv.view(), dout_.view(), dlse.view(),
-               b->gq.view(), b->gk.view(), b->gv.view(), options);
-    };
-  return device_times(fwd, bwd, warmup, repeat);
+  const KernelCalls kernel(q, k, v, mask, out, lse, dout, options);
+  std::optional<DistCalls> through_dist;
+  std::vector<const DeviceCalls*> ways{&kernel};
+  if (dist) ways.push_back(&through_dist.emplace(q, k, v, mask, dout, options));
+  return device_times(ways, warmup, repeat);
 #else
-  static_cast<void>(std::tie(q, k, v, mask, out, lse, dout, options, warmup, repeat));
+  static_cast<void>(std::tie(q, k, v, mask, out, lse, dout, options, dist, warmup, repeat));
   throw Error(
       Status::kNotCompiled,
       "flexcp bench: --device cuda: this build has no CUDA kernels (configured without CUDA)");
@@ -174,9 +220,12 @@ void run_bench(const BenchArgs& a) {
   AttentionOptions options;
   options.deterministic = a.deterministic;
   Times t;
+  std::optional<Times> through_dist;  // --dist: the same calls through DistAttention
   if (a.device == "cuda") {
-    t = time_on_device(q, k, v, mask, out, lse, dout ? &*dout : nullptr, options, a.warmup,
-                       a.repeat);
+    const std::vector<Times> times = time_on_device(
+        q, k, v, mask, out, lse, dout ? &*dout : nullptr, options, a.dist, a.warmup, a.repeat);
+    t = times.front();
+    if (a.dist) through_dist = times.back();
   } else {
     // On the CPU too the plan is built once, so that the times are the kernels'.
     const AttentionShape shape{tq, tk, a.shape.heads, a.shape.heads_kv, a.shape.head_dim, dtype};
@@ -203,16 +252,13 @@ void run_bench(const BenchArgs& a) {
     report("bwd", t.bwd, kBackwardFlopsRatio * flops);
     report("fwd+bwd", t.fwd_bwd, (1 + kBackwardFlopsRatio) * flops);
   }
-  if (a.dist) {
-#if defined(FLEXCP_TOOLS_CUDA)
-    const Times d =
-        time_through_dist(q, k, v, mask, dout ? &*dout : nullptr, options, a.warmup, a.repeat);
+  if (through_dist) {
+    const Times& d = *through_dist;
     report("fwd", d.fwd, flops, t.fwd);
     if (dout) {
       report("bwd", d.bwd, kBackwardFlopsRatio * flops, t.bwd);
       report("fwd+bwd", d.fwd_bwd, (1 + kBackwardFlopsRatio) * flops, t.fwd_bwd);
     }
-#endif
   }
   if (a.json) std::cout << results.dump() << "\n";
 }

@@ -69,33 +69,43 @@ DeviceWorkspace::~DeviceWorkspace() {
 }
 
 double median_device_seconds(const std::function<void()>& fn, int warmup, int repeat) {
-  for (int i = 0; i < warmup; ++i) fn();
+  return alternating_median_device_seconds({fn}, warmup, repeat).front();
+}
+
+std::vector<double> alternating_median_device_seconds(const std::vector<std::function<void()>>& fns,
+                                                      int warmup, int repeat) {
   cudaEvent_t start, stop;
   check(cudaEventCreate(&start), "cudaEventCreate");
   check(cudaEventCreate(&stop), "cudaEventCreate");
-  // Back-to-back calls per sample, enough for about 20 ms, so that short kernels are timed without
-  // gaps (the host's per-call work overlaps the previous kernel).
-  check(cudaEventRecord(start), "cudaEventRecord");
-  fn();
-  check(cudaEventRecord(stop), "cudaEventRecord");
-  check(cudaEventSynchronize(stop), "running on the device");
-  float first_ms = 0;
-  check(cudaEventElapsedTime(&first_ms, start, stop), "cudaEventElapsedTime");
-  const int calls = std::clamp(static_cast<int>(20.0f / std::max(first_ms, 1e-3f)), 1, 200);
-  std::vector<double> times;
-  for (int i = 0; i < repeat; ++i) {
+  auto batch_ms = [&](const std::function<void()>& fn, int calls) {
     check(cudaEventRecord(start), "cudaEventRecord");
     for (int j = 0; j < calls; ++j) fn();
     check(cudaEventRecord(stop), "cudaEventRecord");
     check(cudaEventSynchronize(stop), "running on the device");
     float ms = 0;
     check(cudaEventElapsedTime(&ms, start, stop), "cudaEventElapsedTime");
-    times.push_back(ms * 1e-3 / calls);
+    return ms;
+  };
+  // Back-to-back calls per sample, enough for about 20 ms, so that short kernels are timed without
+  // gaps (the host's per-call work overlaps the previous kernel).
+  std::vector<int> calls;
+  for (const std::function<void()>& fn : fns) {
+    for (int i = 0; i < warmup; ++i) fn();
+    const float first_ms = batch_ms(fn, 1);
+    calls.push_back(std::clamp(static_cast<int>(20.0f / std::max(first_ms, 1e-3f)), 1, 200));
   }
+  std::vector<std::vector<double>> times(fns.size());
+  for (int i = 0; i < repeat; ++i)
+    for (std::size_t f = 0; f < fns.size(); ++f)
+      times[f].push_back(batch_ms(fns[f], calls[f]) * 1e-3 / calls[f]);
   cudaEventDestroy(start);
   cudaEventDestroy(stop);
-  std::sort(times.begin(), times.end());
-  return times[times.size() / 2];
+  std::vector<double> medians;
+  for (std::vector<double>& t : times) {
+    std::sort(t.begin(), t.end());
+    medians.push_back(t[t.size() / 2]);
+  }
+  return medians;
 }
 
 }  // namespace flexcp::tools

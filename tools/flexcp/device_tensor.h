@@ -3,6 +3,7 @@
 #pragma once
 
 #include <functional>
+#include <vector>
 
 #include "flexcp/attention_plan.h"
 #include "host_tensor.h"
@@ -45,5 +46,10 @@ void device_synchronize();
 // Median time of one call of `fn` on the device's default stream: events around batches of
 // back-to-back calls.
 double median_device_seconds(const std::function<void()>& fn, int warmup, int repeat);
+// The same for several ways of doing one thing, their samples taken in turn (a batch of the
+// first, one of the second, ..., `repeat` times), so that clock drift and heat reach all alike and
+// their ratios are fair; one median per function, in order.
+std::vector<double> alternating_median_device_seconds(const std::vector<std::function<void()>>& fns,
+                                                      int warmup, int repeat);
 
 }  // namespace flexcp::tools
