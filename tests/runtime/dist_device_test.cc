@@ -34,9 +34,12 @@ std::string g_skip;                // why the tests skip (no GPU)
     if (!g_skip.empty()) GTEST_SKIP() << g_skip; \
   } while (0)
 
-DistAttentionOptions on_device() {
+// `stages` > 0 forces that many remote stages on every rank that receives K/V (0: the cost
+// model's choice).
+DistAttentionOptions on_device(int stages = 0) {
   DistAttentionOptions o;
   o.plan.device = Device::kCuda;
+  o.plan.num_stages = stages;
   int device = 0;
   cudaGetDevice(&device);
   o.plan.device_index = device;
@@ -51,6 +54,7 @@ struct Problem {
   double softcap = 0;
   bool sink = false;
   bool deterministic = false;
+  int stages = 0;  // PlanOptions::num_stages
 };
 
 // One GPU's results on the global problem, and the distributed ones, undispatched.
@@ -106,7 +110,7 @@ void check_problem(const Problem& p) {
   options.deterministic = p.deterministic;
   const Results want = one_gpu(p, q, k, v, dout, options, sink);
 
-  DistAttention dist(p.mask, *g_device, p.hq, p.hk, p.d, p.dtype, on_device());
+  DistAttention dist(p.mask, *g_device, p.hq, p.hk, p.d, p.dtype, on_device(p.stages));
   const std::int64_t lq = dist.local_q_tokens(), lk = dist.local_k_tokens();
   Tensor ql(p.dtype, {lq, p.hq, p.d}), kl(p.dtype, {lk, p.hk, p.d}), vl(p.dtype, {lk, p.hk, p.d}),
       dol(p.dtype, {lq, p.hq, p.d});
@@ -253,6 +257,12 @@ TEST(DistDevice, ForwardAndBackwardMatchOneGpu) {
       {"random-slices", test::random_mask(rng, 1531, 1531), 8, 2, 128, DType::kBFloat16, 0, false,
        /*deterministic=*/true},
       {"softcap-sink", masks::causal(2048, 2048), 4, 2, 64, DType::kBFloat16, 5.0, true},
+      // Several remote stages per rank (some may be empty): the backward's keys-only plans add
+      // into the same fp32 columns one after another, the last stage first.
+      {"documents-in-3-stages", masks::varlen_causal({1300, 200, 999, 1500}), 8, 2, 128,
+       DType::kBFloat16, 0, false, false, 3},
+      {"deterministic-in-3-stages", masks::causal(1800, 1800), 8, 4, 64, DType::kFloat16, 0, true,
+       true, 3},
   };
   for (const Problem& p : problems) check_problem(p);
 }
