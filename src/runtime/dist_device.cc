@@ -26,13 +26,34 @@ cudaStream_t as_stream(void* s) {
   return static_cast<cudaStream_t>(s);
 }
 
-// Device memory allocated and freed in stream order on `stream`.
-std::shared_ptr<void> device_alloc(std::size_t bytes, void* stream, const char* fn,
-                                   const char* what) {
+// A memory pool that keeps what is freed into it (no release threshold): the contexts' columns of
+// one step are the next step's, without mapping memory again after each synchronisation (the
+// default pool gives its free memory back at every one). Destroyed with the last of the run and
+// the contexts that hold it (memory still allocated from it is released when freed).
+using MemPool = std::shared_ptr<CUmemPoolHandle_st>;
+
+MemPool make_pool(int device_index, const char* fn) {
+  cudaMemPoolProps props{};
+  props.allocType = cudaMemAllocationTypePinned;
+  props.location.type = cudaMemLocationTypeDevice;
+  props.location.id = device_index;
+  cudaMemPool_t pool = nullptr;
+  cuda::check(cudaMemPoolCreate(&pool, &props), fn, "creating the context memory pool");
+  MemPool owned(pool, [](cudaMemPool_t q) { cudaMemPoolDestroy(q); });
+  std::uint64_t keep = UINT64_MAX;
+  cuda::check(cudaMemPoolSetAttribute(pool, cudaMemPoolAttrReleaseThreshold, &keep), fn,
+              "keeping the context memory pool's free memory");
+  return owned;
+}
+
+// Device memory from `pool`, allocated and freed in stream order on `stream`.
+std::shared_ptr<void> device_alloc(const MemPool& pool, std::size_t bytes, void* stream,
+                                   const char* fn, const char* what) {
   void* p = nullptr;
-  cuda::check(cudaMallocAsync(&p, std::max<std::size_t>(bytes, 1), as_stream(stream)), fn,
-              (std::string("allocating ") + what).c_str());
-  return std::shared_ptr<void>(p, [stream](void* q) { cudaFreeAsync(q, as_stream(stream)); });
+  cuda::check(
+      cudaMallocFromPoolAsync(&p, std::max<std::size_t>(bytes, 1), pool.get(), as_stream(stream)),
+      fn, (std::string("allocating ") + what).c_str());
+  return std::shared_ptr<void>(p, [pool, stream](void* q) { cudaFreeAsync(q, as_stream(stream)); });
 }
 
 unsigned char* bytes_of(const std::shared_ptr<void>& p) {
@@ -165,6 +186,7 @@ struct DeviceRun {
   // Copies the own K/V rows into a context's columns beside stage 0's kernel, which reads the
   // caller's shards (the copy is what the backward reads).
   cudaStream_t copy_stream = nullptr;
+  MemPool pool;  // the contexts' columns and sink copies
   int device_index = 0;
 
   void begin_use(void* stream, const char* fn) const {
@@ -228,6 +250,7 @@ DeviceRunPtr make_device_run(const DistCore& m) {
               "creating the event that orders calls");
   cuda::check(cudaStreamCreateWithFlags(&run->copy_stream, cudaStreamNonBlocking), kCtor,
               "creating the stream that copies the own K/V rows");
+  run->pool = make_pool(m.device_index, kCtor);
   std::size_t bytes = aligned(run->plan.workspace_bytes());
   for (const AttentionPlan& p : run->stage_plans) bytes += aligned(p.workspace_bytes());
   cuda::check(cudaMalloc(&run->workspace, std::max<std::size_t>(bytes, 1)), kCtor,
@@ -335,8 +358,8 @@ void device_forward(DistCore& m, DistContext::State& ctx, const TensorView& q, c
   t.fwd.reset(stages + 1);
   t.fwd.begin = t.record(stream, kFwd);
 
-  d.k = device_alloc(cols * row, stream, kFwd, "the K columns");
-  d.v = device_alloc(cols * row, stream, kFwd, "the V columns");
+  d.k = device_alloc(run.pool, cols * row, stream, kFwd, "the K columns");
+  d.v = device_alloc(run.pool, cols * row, stream, kFwd, "the V columns");
   // The own rows into the columns on the copy stream, after the allocation and the inputs, while
   // the kernels and the sends read the caller's shards.
   const std::size_t own = m.layout.own_columns * row;
@@ -350,7 +373,7 @@ void device_forward(DistCore& m, DistContext::State& ctx, const TensorView& q, c
   AttentionOptions opts = options;
   if (!options.sink.empty()) {  // the backward's copy: the caller may change its sink
     const std::size_t sink_bytes = m.heads_q * sizeof(float);
-    d.sink = device_alloc(sink_bytes, stream, kFwd, "the sink copy");
+    d.sink = device_alloc(run.pool, sink_bytes, stream, kFwd, "the sink copy");
     cuda::check(
         cudaMemcpyAsync(d.sink.get(), options.sink.data, sink_bytes, cudaMemcpyDeviceToDevice, s),
         kFwd, "copying the sink");

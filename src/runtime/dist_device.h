@@ -38,8 +38,9 @@ struct DeviceTimelineDeleter {
   void operator()(DeviceTimeline* t) const;
 };
 
-// A context's device memory: the K/V columns and a copy of the sink, each freed in stream order
-// on the stream of the forward that allocated it (which must outlive the context). Its backward
+// A context's device memory: the K/V columns and a copy of the sink, from the DistAttention's
+// memory pool (which keeps them for the next step's contexts), each freed in stream order on the
+// stream of the forward that allocated it (which must outlive the context). Its backward
 // runs on that stream too.
 struct DeviceColumns {
   std::shared_ptr<void> k, v, sink;
