@@ -7,6 +7,8 @@
 #include <fstream>
 #include <nlohmann/json.hpp>
 #include <random>
+#include <regex>
+#include <string>
 
 #include "npy.h"
 #include "test_util.h"
@@ -415,6 +417,28 @@ TEST_F(Cli, RunUnderMpirunMovesWhatThePlanPredictsAndMatchesOneRank) {
   EXPECT_NE(out.find("plan predicted"), std::string::npos) << out;
   EXPECT_NE(out.find(": equal"), std::string::npos) << out;
   EXPECT_NE(out.find("): ok"), std::string::npos) << out;
+}
+
+// --timing: medians of timed passes and each rank's kernel on its own work, with the weak-scaling
+// efficiency per direction; nothing is checked against one rank (no rank holds the whole inputs).
+TEST_F(Cli, RunTimingReportsWeakScalingAgainstTheRanksOwnKernels) {
+  if (!FLEXCP_TEST_WITH_MPI) GTEST_SKIP() << "built without MPI (-DFLEXCP_WITH_MPI=OFF)";
+  const auto [code, out] = run_under_mpirun(
+      3, "", "--seqlen 3000 --doc-len 700 --heads 4 --heads-kv 2 --head-dim 32 --timing 2");
+  ASSERT_EQ(code, 0) << out;
+  EXPECT_NE(out.find(": equal"), std::string::npos) << out;
+  EXPECT_EQ(out.find("against one rank"), std::string::npos) << out;
+  std::smatch m;
+  ASSERT_TRUE(std::regex_search(
+      out, m,
+      std::regex("median of 2 passes\\): forward ([0-9.]+) ms on the slowest rank, the ranks' "
+                 "kernels on their own work ([0-9.]+) ms on average: efficiency ([0-9.]+).*"
+                 "backward ([0-9.]+) ms, kernels ([0-9.]+) ms: efficiency ([0-9.]+)")))
+      << out;
+  for (int i = 1; i <= 6; ++i) EXPECT_GT(std::stod(m[i].str()), 0) << m[i] << "\n" << out;
+  // The efficiency is the kernels' mean over the slowest rank's time, as printed (3 decimals).
+  EXPECT_NEAR(std::stod(m[3].str()), std::stod(m[2].str()) / std::stod(m[1].str()), 2e-3) << out;
+  EXPECT_NEAR(std::stod(m[6].str()), std::stod(m[5].str()) / std::stod(m[4].str()), 2e-3) << out;
 }
 
 // --device cuda: two ranks sharing the GPU through the staged backend (NCCL refuses two ranks on

@@ -21,6 +21,7 @@
 #include "device_tensor.h"
 #include "flexcp/flexcp.h"
 #include "host_tensor.h"
+#include "own_work.h"
 #include "timing.h"
 
 namespace flexcp::tools {
@@ -36,6 +37,9 @@ struct RunArgs {
   int layers = 2;
   std::string device = "cpu";
   std::string comm;  // with --device cuda: nccl (the default) or staged
+  // --timing R: R timed passes after an untimed one, medians reported, each rank's kernel on its
+  // own work timed alike (the weak-scaling baseline); inputs made per rank, nothing checked.
+  int timing = 0;
 };
 
 // What each rank reports to rank 0 (times summed over layers).
@@ -44,6 +48,7 @@ struct RankReport {
   std::int32_t bytes_equal;  // every layer moved exactly what the plan predicts
   double forward_ms, backward_ms, wait_ms, plan_ms;
   double model_wait_ms;  // the cost model's exposed wait for K/V in one forward (PlanOptions)
+  double kernel_fwd_ms, kernel_bwd_ms;  // --timing: the bare kernel on this rank's own work
 };
 
 double max_error(const HostTensor& got, const HostTensor& want, double* magnitude) {
@@ -58,7 +63,8 @@ double max_error(const HostTensor& got, const HostTensor& want, double* magnitud
   return worst;
 }
 
-// One layer's global tensors (the same on every rank: same seed) and this rank's shards of them.
+// One layer's global tensors (the same on every rank: same seed; empty with --timing) and this
+// rank's shards of them.
 struct Layer {
   HostTensor q, k, v, dout;          // global inputs
   HostTensor ql, kl, vl, dol;        // local shards
@@ -200,6 +206,40 @@ bool check_layer(int index, const Layer& l, const Mask& mask, DType dtype, bool 
   return close;
 }
 
+double median_of(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  return v[v.size() / 2];
+}
+
+// --timing: each rank's kernel on its own work, and the weak-scaling efficiency per direction.
+// The ideal is every rank's own work at the bare kernel's speed, perfectly balanced: the mean of
+// the ranks' kernel times; the efficiency is that over the slowest rank's time. Per-GPU TFLOPS
+// count the mask's attended pairs over the ranks.
+void print_weak_scaling(const std::vector<RankReport>& reports, int passes, double flops,
+                        double per_layer) {
+  const auto world = static_cast<double>(reports.size());
+  std::printf("%5s %14s %14s %10s %10s\n", "rank", "kernel_fwd_ms", "kernel_bwd_ms", "fwd_ms",
+              "bwd_ms");
+  double kernel_fwd = 0, kernel_bwd = 0, fwd = 0, bwd = 0;
+  for (std::size_t r = 0; r < reports.size(); ++r) {
+    const RankReport& x = reports[r];
+    std::printf("%5zu %14.2f %14.2f %10.2f %10.2f\n", r, x.kernel_fwd_ms, x.kernel_bwd_ms,
+                x.forward_ms * per_layer, x.backward_ms * per_layer);
+    kernel_fwd += x.kernel_fwd_ms / world, kernel_bwd += x.kernel_bwd_ms / world;
+    fwd = std::max(fwd, x.forward_ms * per_layer), bwd = std::max(bwd, x.backward_ms * per_layer);
+  }
+  auto per_gpu_tflops = [&](double f, double ms) { return f / world / (ms * 1e-3) / 1e12; };
+  const double bwd_flops = kBackwardFlopsRatio * flops;
+  std::printf(
+      "weak scaling per layer (median of %d passes): forward %.2f ms on the slowest rank, the "
+      "ranks' kernels on their own work %.2f ms on average: efficiency %.3f (%.4g of %.4g "
+      "TFLOPS per GPU); backward %.2f ms, kernels %.2f ms: efficiency %.3f (%.4g of %.4g TFLOPS "
+      "per GPU)\n",
+      passes, fwd, kernel_fwd, kernel_fwd / fwd, per_gpu_tflops(flops, fwd),
+      per_gpu_tflops(flops, kernel_fwd), bwd, kernel_bwd, kernel_bwd / bwd,
+      per_gpu_tflops(bwd_flops, bwd), per_gpu_tflops(bwd_flops, kernel_bwd));
+}
+
 void run_ranks(RunArgs a, Communicator& comm_ref) {
   if (a.mask.file.empty() && a.mask.kind.empty()) a.mask.kind = "varlen-causal";
   if (a.mask.seqlen == 0) a.mask.seqlen = 32768;
@@ -232,17 +272,26 @@ void run_ranks(RunArgs a, Communicator& comm_ref) {
   const Plan& plan = dist.plan();
   const std::int64_t lq = dist.local_q_tokens(), lk = dist.local_k_tokens();
 
+  const bool timing = a.timing > 0;
   std::vector<Layer> layers;
   layers.reserve(a.layers);
   for (int i = 0; i < a.layers; ++i) {
-    layers.emplace_back(dtype, tq, tk, lq, lk, a.shape);
+    // With --timing only the shards, random on each rank: no rank holds the global sequence
+    // (at a million tokens per GPU it would not fit).
+    layers.emplace_back(dtype, timing ? 0 : tq, timing ? 0 : tk, lq, lk, a.shape);
     Layer& l = layers.back();
-    std::mt19937_64 rng(a.seed + static_cast<std::uint64_t>(i));
-    for (HostTensor* t : {&l.q, &l.k, &l.v, &l.dout}) t->fill_uniform(rng, 1.0f);
-    dist.dispatch_q(l.q.view(), l.ql.view());
-    dist.dispatch_q(l.dout.view(), l.dol.view());
-    dist.dispatch_kv(l.k.view(), l.kl.view());
-    dist.dispatch_kv(l.v.view(), l.vl.view());
+    if (timing) {
+      std::mt19937_64 rng(a.seed + static_cast<std::uint64_t>(i) * 1000003 +
+                          static_cast<std::uint64_t>(rank));
+      for (HostTensor* t : {&l.ql, &l.kl, &l.vl, &l.dol}) t->fill_uniform(rng, 1.0f);
+    } else {
+      std::mt19937_64 rng(a.seed + static_cast<std::uint64_t>(i));
+      for (HostTensor* t : {&l.q, &l.k, &l.v, &l.dout}) t->fill_uniform(rng, 1.0f);
+      dist.dispatch_q(l.q.view(), l.ql.view());
+      dist.dispatch_q(l.dout.view(), l.dol.view());
+      dist.dispatch_kv(l.k.view(), l.kl.view());
+      dist.dispatch_kv(l.v.view(), l.vl.view());
+    }
     for (HostTensor* t : {&l.ol, &l.ll, &l.dql, &l.dkl, &l.dvl}) t->poison();
   }
   std::vector<LayerViews> views;
@@ -267,22 +316,33 @@ void run_ranks(RunArgs a, Communicator& comm_ref) {
 #endif
     return std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
   };
-  comm->barrier();
-  auto t0 = std::chrono::steady_clock::now();
-  for (std::size_t i = 0; i < layers.size(); ++i) {
-    const LayerViews& x = views[i];
-    layers[i].context = dist.forward(x.q, x.k, x.v, x.out, x.lse);
+  // One pass: every layer's forward, then the backwards in reverse. With --timing an untimed pass
+  // first, then the median of the timed ones, per direction.
+  std::vector<double> forward_walls, backward_walls;
+  for (int pass = 0; pass < (timing ? a.timing + 1 : 1); ++pass) {
+    comm->barrier();
+    auto t0 = std::chrono::steady_clock::now();
+    for (std::size_t i = 0; i < layers.size(); ++i) {
+      const LayerViews& x = views[i];
+      layers[i].context = dist.forward(x.q, x.k, x.v, x.out, x.lse);
+    }
+    const double fwd = wall_ms(t0);
+    t0 = std::chrono::steady_clock::now();
+    for (std::size_t i = layers.size(); i-- > 0;) {
+      const LayerViews& x = views[i];
+      dist.backward(layers[i].context, x.dout, x.q, x.out, x.lse, x.dq, x.dk, x.dv);
+    }
+    const double bwd = wall_ms(t0);
+    if (timing && pass == 0) continue;
+    forward_walls.push_back(fwd);
+    backward_walls.push_back(bwd);
   }
-  const double forward_wall_ms = wall_ms(t0);
-  t0 = std::chrono::steady_clock::now();
-  for (std::size_t i = layers.size(); i-- > 0;) {
-    const LayerViews& x = views[i];
-    dist.backward(layers[i].context, x.dout, x.q, x.out, x.lse, x.dq, x.dk, x.dv);
-  }
-  const double backward_wall_ms = wall_ms(t0);
+  const double forward_wall_ms = median_of(forward_walls);
+  const double backward_wall_ms = median_of(backward_walls);
   comm->barrier();
 #if defined(FLEXCP_TOOLS_CUDA)
-  for (std::size_t i = 0; i < on_device.size(); ++i) on_device[i]->copy_outputs_to(layers[i]);
+  if (!timing)
+    for (std::size_t i = 0; i < on_device.size(); ++i) on_device[i]->copy_outputs_to(layers[i]);
 #endif
 
   const std::int64_t bpt =
@@ -298,7 +358,9 @@ void run_ranks(RunArgs a, Communicator& comm_ref) {
                   0,
                   0,
                   plan.plan_ms(),
-                  plan.rank.exposed_comm_us / 1000};
+                  plan.rank.exposed_comm_us / 1000,
+                  0,
+                  0};
   for (const Layer& l : layers) {
     const DistStats& st = l.context.stats();
     mine.bytes_equal &= st.fwd_bytes_received == mine.bytes_predicted;
@@ -308,21 +370,28 @@ void run_ranks(RunArgs a, Communicator& comm_ref) {
     mine.backward_ms += st.backward_ms;
     for (const StageTiming& s : st.forward) mine.wait_ms += s.wait_ms;
   }
-  if (on_gpu) mine.forward_ms = forward_wall_ms, mine.backward_ms = backward_wall_ms;
+  if (on_gpu || timing) mine.forward_ms = forward_wall_ms, mine.backward_ms = backward_wall_ms;
+  if (timing) {
+    const OwnWorkTimes own =
+        time_own_work(plan.rank, a.shape, dtype, on_gpu, options.plan.device_index, a.timing);
+    mine.kernel_fwd_ms = own.fwd_ms, mine.kernel_bwd_ms = own.bwd_ms;
+  }
   std::vector<RankReport> reports(world);
   comm->all_gather(&mine, sizeof mine, reports.data());
 
   std::vector<HostTensor> gathered;  // per layer: out, dq, dk, dv in global order
-  for (const Layer& l : layers) {
-    gathered.emplace_back(dtype, l.q.shape());
-    gathered.emplace_back(dtype, l.q.shape());
-    gathered.emplace_back(dtype, l.k.shape());
-    gathered.emplace_back(dtype, l.v.shape());
-    HostTensor* g = &gathered[gathered.size() - 4];
-    dist.undispatch_q(l.ol.view(), g[0].view());
-    dist.undispatch_q(l.dql.view(), g[1].view());
-    dist.undispatch_kv(l.dkl.view(), g[2].view());
-    dist.undispatch_kv(l.dvl.view(), g[3].view());
+  if (!timing) {
+    for (const Layer& l : layers) {
+      gathered.emplace_back(dtype, l.q.shape());
+      gathered.emplace_back(dtype, l.q.shape());
+      gathered.emplace_back(dtype, l.k.shape());
+      gathered.emplace_back(dtype, l.v.shape());
+      HostTensor* g = &gathered[gathered.size() - 4];
+      dist.undispatch_q(l.ol.view(), g[0].view());
+      dist.undispatch_q(l.dql.view(), g[1].view());
+      dist.undispatch_kv(l.dkl.view(), g[2].view());
+      dist.undispatch_kv(l.dvl.view(), g[3].view());
+    }
   }
 
   int ok = 1;
@@ -388,12 +457,16 @@ void run_ranks(RunArgs a, Communicator& comm_ref) {
         bytes_match && moved == predicted ? "equal" : "DIFFERENT");
     ok = bytes_match && moved == predicted;
 
-    // The single-rank computations, with every core of this machine.
-    omp_set_num_threads(omp_get_num_procs());
-    for (int i = 0; i < a.layers; ++i)
-      ok = check_layer(i, layers[i], mask, dtype, on_gpu, gathered[4 * i], gathered[4 * i + 1],
-                       gathered[4 * i + 2], gathered[4 * i + 3]) &&
-           ok;
+    if (timing) {
+      print_weak_scaling(reports, a.timing, flops, per_layer);
+    } else {
+      // The single-rank computations, with every core of this machine.
+      omp_set_num_threads(omp_get_num_procs());
+      for (int i = 0; i < a.layers; ++i)
+        ok = check_layer(i, layers[i], mask, dtype, on_gpu, gathered[4 * i], gathered[4 * i + 1],
+                         gathered[4 * i + 2], gathered[4 * i + 3]) &&
+             ok;
+    }
   }
   // Only rank 0 knows the verdict, and the job's exit code is its: the other ranks do not wait
   // for it in a collective, whose deadline (FLEXCP_COMM_TIMEOUT_S) the single-rank check on a
@@ -437,6 +510,12 @@ void add_run_command(CLI::App& app) {
   cmd->add_option("--stages", args->stages, "Remote stages (default: from the cost model)")
       ->check(whole_number(0));
   cmd->add_option("--seed", args->seed, "Random seed for the inputs")->capture_default_str();
+  cmd->add_option("--timing", args->timing,
+                  "Weak-scaling timing: R timed passes after an untimed one (medians), each "
+                  "rank's kernel on its own work timed alike, inputs made per rank, no check "
+                  "against one rank (0: one pass, checked)")
+      ->check(whole_number(0))
+      ->capture_default_str();
   cmd->add_option("--device", args->device,
                   "cpu (MPI, the CPU kernels) or cuda (rank r on GPU r mod the GPUs here)")
       ->check(CLI::IsMember({"cpu", "cuda"}))
