@@ -1,7 +1,8 @@
 // A job on device tensors in which rank 1 fails, for the failure tests of the GPU runtime:
-// DistAttention over the staged communicator (the ranks share the one GPU), `die` ends rank 1
-// abruptly, `throw` makes it pass a wrong shape (and, like the flexcp tool, abort the job),
-// `stall` makes it stop taking part in the exchanges. The other ranks must exit with an error
+// DistAttention over the staged communicator (the ranks share the one GPU), or with a second
+// argument `nccl` over NCCL (rank r on GPU r mod the GPUs: a host with one GPU per rank), `die`
+// ends rank 1 abruptly, `throw` makes it pass a wrong shape (and, like the flexcp tool, abort the
+// job), `stall` makes it stop taking part in the exchanges. The other ranks must exit with an error
 // within a bounded time, never hang (expect_failure.cmake). Without a GPU every rank prints
 // "SKIPPED" and exits 0 (the test's skip expression).
 #include <cuda_runtime.h>
@@ -33,18 +34,25 @@ flexcp::TensorView device_zeros(flexcp::DType dtype, std::initializer_list<std::
 
 int main(int argc, char** argv) {
   const char* mode = argc > 1 ? argv[1] : "die";
+  const bool nccl = argc > 2 && !std::strcmp(argv[2], "nccl");
   auto host = flexcp::make_mpi_communicator();
   int gpus = 0;
   if (cudaGetDeviceCount(&gpus) != cudaSuccess || gpus == 0) {
     std::printf("SKIPPED: no GPU on this host\n");
     return 0;
   }
-  auto comm = flexcp::make_staged_communicator(*host);
+  if (nccl && cudaSetDevice(host->rank() % gpus) != cudaSuccess) {
+    std::fprintf(stderr, "rank %d: cannot use GPU %d\n", host->rank(), host->rank() % gpus);
+    host->abort(2);
+  }
+  auto comm =
+      nccl ? flexcp::make_nccl_communicator(*host) : flexcp::make_staged_communicator(*host);
   try {
     using flexcp::DType;
     const flexcp::Mask mask = flexcp::masks::causal(4096, 4096);
     flexcp::DistAttentionOptions options;
     options.plan.device = flexcp::Device::kCuda;
+    cudaGetDevice(&options.plan.device_index);
     flexcp::DistAttention dist(mask, *comm, 2, 2, 64, DType::kBFloat16, options);
     std::int64_t lq = dist.local_q_tokens();
     const std::int64_t lk = dist.local_k_tokens();

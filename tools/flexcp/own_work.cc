@@ -19,8 +19,14 @@ OwnWorkTimes time_own_work(const RankPlan& rank, const ShapeArgs& s, DType dtype
   for (const std::vector<Band>& stage : rank.stage_work)
     work.insert(work.end(), stage.begin(), stage.end());
   const std::int64_t tq = rank.num_q_tokens, tk = rank.num_columns();
-  const AttentionShape shape{tq,    tk,    s.heads, s.heads_kv, s.head_dim, dtype,
-                             on_gpu ? Device::kCuda : Device::kCpu, device_index};
+  const AttentionShape shape{tq,
+                             tk,
+                             s.heads,
+                             s.heads_kv,
+                             s.head_dim,
+                             dtype,
+                             on_gpu ? Device::kCuda : Device::kCpu,
+                             device_index};
   AttentionPlan plan(work, shape);
   std::mt19937_64 rng(1234 + static_cast<std::uint64_t>(rank.rank));
   HostTensor q(dtype, {tq, s.heads, s.head_dim}), k(dtype, {tk, s.heads_kv, s.head_dim}),
@@ -39,9 +45,9 @@ OwnWorkTimes time_own_work(const RankPlan& rank, const ShapeArgs& s, DType dtype
     t.fwd_ms = 1e3 * median_device_seconds(fwd, 1, repeat);
     t.bwd_ms = 1e3 * median_device_seconds(
                          [&] {
-                           backward(plan, gpu_dout.view(), gpu_q.view(), gpu_k.view(),
-                                    gpu_v.view(), gpu_out.view(), gpu_lse.view(), grad_q.view(),
-                                    grad_k.view(), grad_v.view());
+                           backward(plan, gpu_dout.view(), gpu_q.view(), gpu_k.view(), gpu_v.view(),
+                                    gpu_out.view(), gpu_lse.view(), grad_q.view(), grad_k.view(),
+                                    grad_v.view());
                          },
                          1, repeat);
 #endif
