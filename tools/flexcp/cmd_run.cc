@@ -445,8 +445,8 @@ void run_ranks(RunArgs a, Communicator& comm_ref) {
     const DistStats& st0 = layers.front().context.stats();
     for (std::size_t i = 0; i < st0.forward.size(); ++i)
       std::printf(" %zu: %.2f / %.2f", i, st0.forward[i].wait_ms, st0.forward[i].compute_ms);
-    std::printf("\nbackward stages on rank 0, layer 0 (compute, ms, the last first):");
-    for (std::size_t i = st0.backward.size(); i-- > 0;)
+    std::printf("\nbackward stages on rank 0, layer 0 (compute, ms):");
+    for (std::size_t i = 0; i < st0.backward.size(); ++i)
       std::printf(" %zu: %.2f", i, st0.backward[i].compute_ms);
     std::printf("; then the wait for dK/dV partials: %.2f ms\n",
                 st0.backward.empty() ? 0.0 : st0.backward[0].wait_ms);
