@@ -125,10 +125,13 @@ class DistAttention:
     subgroup); over a gloo group, through the staged backend (device buffers through host memory:
     for ranks sharing a GPU, a test path, not a fast one). Calls are ordered on torch's current
     CUDA stream.
+
+    With keep_stats=True the object keeps the last call's context (its K/V columns stay allocated
+    until the next call), so that last_stats() can say what it moved and where it waited.
     """
 
     def __init__(self, mask, heads_q, heads_kv, head_dim, group=None, chunk_size=0,
-                 chunks_per_rank=0, host_group=None):
+                 chunks_per_rank=0, host_group=None, keep_stats=False):
         if not isinstance(mask, Mask):
             raise ValueError(f"flexcp.DistAttention: mask must be a flexcp.Mask, "
                              f"got {type(mask).__name__}")
@@ -143,6 +146,8 @@ class DistAttention:
         self._plan_args = (int(chunk_size), int(chunks_per_rank))
         self._impls = {}
         self._rolls = {}
+        self._keep_stats = bool(keep_stats)
+        self._last_context = None
         # The dispatch is the same for every dtype: plan once to know it.
         first = self._impl_for(torch.float32)
         self.position_ids = torch.tensor(first.position_ids(), dtype=torch.int64)
@@ -183,6 +188,20 @@ class DistAttention:
                 raise ValueError(f"flexcp.DistAttention: {name} must be a torch.Tensor")
         return _DistForward.apply(self, q, k, v, 0.0 if scale is None else float(scale),
                                   float(softcap), sink)
+
+    def last_stats(self):
+        """What the last call on this rank moved and how long it took, as a dict: bytes
+        (fwd_bytes_received, fwd_bytes_sent, bwd_bytes_received, bwd_bytes_sent), per stage
+        (stage 0 first) a (wait, compute) pair in ms for the forward (the wait for that stage's
+        K/V) and the backward (stage 0's wait: for the dK/dV partials of this rank's rows), and
+        forward_ms and backward_ms (0 until its backward ran). Device time on CUDA tensors (this
+        waits for the work), host time on CPU tensors. None before the first call. Needs
+        keep_stats=True."""
+        if not self._keep_stats:
+            raise ValueError("flexcp.DistAttention.last_stats: the object was made with "
+                             "keep_stats=False; pass keep_stats=True to keep the last call's "
+                             "context")
+        return None if self._last_context is None else self._last_context.stats()
 
     # Rows of the global sequence <-> this rank's rows.
 
@@ -302,6 +321,8 @@ class _DistForward(torch.autograd.Function):
                                None if sink is None else sink.detach().contiguous(),
                                _stream_of(q))
         ctx.impl, ctx.context, ctx.has_sink = impl, context, sink is not None
+        if attn._keep_stats:
+            attn._last_context = context
         ctx.kv_shape = k.shape
         ctx.save_for_backward(qc, out, lse)
         ctx.mark_non_differentiable(lse)

@@ -365,20 +365,29 @@ NB_MODULE(_flexcp, m) {
       nb::arg("softcap"), nb::arg("sink").none(), nb::arg("dsink").none(), nb::arg("deterministic"),
       nb::arg("stream"));
 
+  // What a forward (and its backward, once it ran) moved and how long it took (DistStats): bytes,
+  // then per stage (stage 0 first) (wait, compute) in ms, forward and backward, and the totals;
+  // device time on device tensors (reading them waits for the work).
   nb::class_<DistContext>(m, "DistContext")
       .def("empty", &DistContext::empty)
-      .def("bytes_received", [](const DistContext& c) { return c.stats().fwd_bytes_received; })
-      // Per forward stage (stage 0 first): (exposed wait for K/V, kernel) in ms, then the
-      // forward's and the backward's totals; device time on device tensors (waits for the work).
-      .def("stage_ms",
-           [](const DistContext& c) {
-             std::vector<std::tuple<double, double>> out;
-             for (const StageTiming& t : c.stats().forward)
-               out.emplace_back(t.wait_ms, t.compute_ms);
-             return out;
-           })
-      .def("forward_ms", [](const DistContext& c) { return c.stats().forward_ms; })
-      .def("backward_ms", [](const DistContext& c) { return c.stats().backward_ms; });
+      .def("stats", [](const DistContext& c) {
+        const DistStats& st = c.stats();
+        auto stages = [](const std::vector<StageTiming>& v) {
+          nb::list out;
+          for (const StageTiming& t : v) out.append(nb::make_tuple(t.wait_ms, t.compute_ms));
+          return out;
+        };
+        nb::dict d;
+        d["fwd_bytes_received"] = st.fwd_bytes_received;
+        d["fwd_bytes_sent"] = st.fwd_bytes_sent;
+        d["bwd_bytes_received"] = st.bwd_bytes_received;
+        d["bwd_bytes_sent"] = st.bwd_bytes_sent;
+        d["forward_stages_ms"] = stages(st.forward);
+        d["backward_stages_ms"] = stages(st.backward);
+        d["forward_ms"] = st.forward_ms;
+        d["backward_ms"] = st.backward_ms;
+        return d;
+      });
 
   // DistAttention on one rank, over a Python communicator (flexcp._dist). Collective calls.
   nb::class_<PyDistAttention>(m, "DistAttention")

@@ -71,6 +71,35 @@ def check_layers(attn, mask, t, dtype, backward_order, with_sink, d=D, device="c
             assert torch.allclose(sl.grad, want[5], rtol=tol, atol=tol), (sl.grad, want[5])
 
 
+def check_stats(mask, t, dtype, d=D, device="cpu"):
+    """keep_stats: the last call's bytes and stage times, forward then backward; the bytes agree
+    over the ranks (what one sends another receives) and the backward returns an fp32 dK and dV
+    row for every K and V row received. Without keep_stats, last_stats is refused."""
+    with pytest.raises(ValueError, match="keep_stats=False"):
+        flexcp.DistAttention(mask, HQ, HK, d).last_stats()
+    attn = flexcp.DistAttention(mask, HQ, HK, d, keep_stats=True)
+    assert attn.last_stats() is None
+    q, k, v, dout, _ = layer_inputs(7, t, dtype, d, device)
+    ql, kl, vl = (x.requires_grad_() for x in (attn.dispatch(q), attn.dispatch_kv(k),
+                                               attn.dispatch_kv(v)))
+    out, _ = attn(ql, kl, vl)
+    fwd = attn.last_stats()
+    assert len(fwd["forward_stages_ms"]) >= 1
+    assert all(w >= 0 and c >= 0 for w, c in fwd["forward_stages_ms"]), fwd
+    assert fwd["forward_ms"] > 0 and fwd["backward_ms"] == 0, fwd
+    out.backward(attn.dispatch(dout))
+    s = attn.last_stats()
+    assert s["backward_ms"] > 0 and len(s["backward_stages_ms"]) == len(s["forward_stages_ms"]), s
+    assert all(w >= 0 and c >= 0 for w, c in s["backward_stages_ms"]), s
+    assert s["bwd_bytes_sent"] == s["fwd_bytes_received"] * 4 // q.element_size(), s
+    totals = torch.tensor([s["fwd_bytes_sent"], s["fwd_bytes_received"], s["bwd_bytes_sent"],
+                           s["bwd_bytes_received"]], dtype=torch.float64)
+    dist.all_reduce(totals, group=attn._host_group)  # gloo (CPU tensors), the ranks of attn
+    assert totals[0] == totals[1] and totals[2] == totals[3], totals
+    if attn.world_size == 1:
+        assert totals.sum() == 0, totals
+
+
 def check_roll(attn, t):
     g = torch.Generator().manual_seed(5)
     x = torch.randn(t, 3, 2, generator=g)
@@ -110,6 +139,7 @@ def worker(rank, world, init_file):
         check_layers(attn, mask, t, torch.float32, [0], with_sink=False)
         check_layers(attn, mask, t, torch.float32, [1, 0], with_sink=True)
         check_layers(attn, mask, t, torch.bfloat16, [0, 2, 1], with_sink=False)
+        check_stats(mask, t, torch.float32)
         check_roll(attn, t)
         # Bad input is named, on every rank alike.
         lq, lk = attn.position_ids.shape[0], attn.kv_token_ids.shape[0]
@@ -155,6 +185,7 @@ def cuda_worker(rank, world, backend, init_file):
         assert torch.equal(attn.undispatch(attn.dispatch(x)), x)
         # The sm90 kernels (bf16, head dim 64): two layers, backwards in reverse order.
         check_layers(attn, mask, t, torch.bfloat16, [1, 0], with_sink=True, d=64, device="cuda")
+        check_stats(mask, t, torch.bfloat16, d=64, device="cuda")
         y = torch.randn(t, 3, generator=g).cuda()
         assert torch.equal(attn.undispatch(attn.roll(attn.dispatch(y), 5)), torch.roll(y, 5, 0))
         lq, lk = attn.position_ids.shape[0], attn.kv_token_ids.shape[0]
