@@ -5,7 +5,6 @@
 #include <cuda_runtime.h>
 
 #include <algorithm>
-#include <cmath>
 #include <string>
 
 #include "kernels/cuda/runtime.h"
@@ -75,12 +74,16 @@ TensorView device_vector(void* data, std::int64_t n, int device_index) {
   return v;
 }
 
-// Starts exchanges 1..n of `x` on `stream`, orders the stream after each, and returns the bytes
-// the transport received.
-std::int64_t exchange_in_stream_order(Communicator& comm, Exchanges& x, void* stream) {
+// Starts exchanges 1..n of `x` on `stream` (n..1 with last_first: the backward's order), orders
+// the stream after each, and returns the bytes the transport received.
+std::int64_t exchange_in_stream_order(Communicator& comm, Exchanges& x, void* stream,
+                                      bool last_first = false) {
   const int n = static_cast<int>(x.sends.size()) - 1;
   std::vector<std::unique_ptr<CommHandle>> handles(n + 1);
-  for (int s = 1; s <= n; ++s) handles[s] = comm.start_on(stream, x.sends[s], x.recvs[s]);
+  for (int i = 1; i <= n; ++i) {
+    const int s = last_first ? n + 1 - i : i;
+    handles[s] = comm.start_on(stream, x.sends[s], x.recvs[s]);
+  }
   std::int64_t received = 0;
   for (int s = 1; s <= n; ++s) {
     handles[s]->wait_on(stream);
@@ -430,10 +433,7 @@ void backward_by_stage(DistCore& m, DeviceTimeline& t, const DeviceColumns& d,
     t.bwd.computed[0] = t.record(stream, kBwd);
     return;
   }
-  CallShape shape;
-  static_cast<AttentionShape&>(shape) = run.plan.shape();
-  shape.scale =
-      options.scale != 0 ? options.scale : 1.0 / std::sqrt(static_cast<double>(m.head_dim));
+  const CallShape shape = m.call_shape(run.plan.shape(), options.scale);
   const AttentionPlan::Impl& rows = run.plan.impl();
   sm90::backward_rows_begin(shape, rows, dout, out, lse, options, dsink_mine);
   const std::size_t column_bytes = cols * m.grad_row_bytes();
@@ -494,15 +494,12 @@ void device_backward(DistCore& m, DistContext::State& ctx, const TensorView& dou
     // Nothing received, nothing of this rank's read elsewhere: no partials either way, so dK and
     // dV come straight from the kernel in the caller's dtype. The exchanges (empty here) still
     // start, in the order every rank starts them.
-    Exchanges x(exchanges);
-    std::vector<std::unique_ptr<CommHandle>> handles(exchanges + 1);
-    for (int e = exchanges; e >= 1; --e)
-      handles[e] = m.comm->start_on(stream, x.sends[e], x.recvs[e]);
     backward(run.plan, dout, q, columns_view(m, d.k.get(), m.dtype, cols),
              columns_view(m, d.v.get(), m.dtype, cols), out, lse, dq, dk, dv, options, dsink_view);
     t.bwd.computed[0] = t.record(stream, kBwd);
-    for (int e = 1; e <= exchanges; ++e) handles[e]->wait_on(stream);
-    ctx.stats.bwd_bytes_received = 0;
+    Exchanges none(exchanges);
+    ctx.stats.bwd_bytes_received =
+        exchange_in_stream_order(*m.comm, none, stream, /*last_first=*/true);
   } else {
     float* const dkc = scratch.at<float>(0);
     float* const dvc = scratch.at<float>(1);

@@ -110,11 +110,15 @@ struct DistCore {
     c.contiguous("lse", lse);
   }
 
-  CallShape stage_shape(int stage, double scale) const {
+  // A kernel call's shape: `shape` with the options' scale (1/sqrt(D) when it is 0).
+  CallShape call_shape(const AttentionShape& shape, double scale) const {
     CallShape s;
-    static_cast<AttentionShape&>(s) = me().stage_plans[stage].shape();
+    static_cast<AttentionShape&>(s) = shape;
     s.scale = scale != 0 ? scale : 1.0 / std::sqrt(static_cast<double>(head_dim));
     return s;
+  }
+  CallShape stage_shape(int stage, double scale) const {
+    return call_shape(me().stage_plans[stage].shape(), scale);
   }
 
   // The per-call options: a finite scale, a softcap >= 0, an fp32 [Hq] sink on this device.
