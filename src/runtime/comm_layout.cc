@@ -52,14 +52,24 @@ void learn_send_stages(CommLayout& layout, const RankPlan& rp, Communicator& com
   std::vector<Entry> mine;
   for (const RemoteRange& r : rp.recv) mine.push_back({r.owner, r.index, r.stage});
   const int world = comm.size();
+  // Each rank's piece count and stage count: a rank's last stages may receive nothing (pieces cut
+  // by tokens, or more stages forced than pieces), and every rank still starts one exchange per
+  // stage of the rank with the most.
+  struct Header {
+    std::int64_t pieces, stages;
+  };
+  std::vector<Header> heads(world);
+  const Header head{static_cast<std::int64_t>(mine.size()), rp.num_stages};
+  comm.all_gather(&head, sizeof head, heads.data());
   std::vector<std::int64_t> count(world);
-  const auto n = static_cast<std::int64_t>(mine.size());
-  comm.all_gather(&n, sizeof n, count.data());
   std::vector<std::size_t> bytes(world);
   std::int64_t total = 0;
+  layout.exchanges = 0;
   for (int r = 0; r < world; ++r) {
+    count[r] = heads[r].pieces;
     bytes[r] = static_cast<std::size_t>(count[r]) * sizeof(Entry);
     total += count[r];
+    layout.exchanges = std::max(layout.exchanges, static_cast<int>(heads[r].stages));
   }
   std::vector<Entry> all(static_cast<std::size_t>(std::max<std::int64_t>(total, 1)));
   comm.all_gather_v(mine.data(), bytes, all.data());
@@ -67,11 +77,9 @@ void learn_send_stages(CommLayout& layout, const RankPlan& rp, Communicator& com
   // The send to rank r with index i is the piece r lists as (owner = this rank, index i).
   std::vector<std::vector<std::pair<int, int>>> stage_of(world);  // per receiver: (index, stage)
   std::int64_t at = 0;
-  layout.exchanges = 0;
   for (int r = 0; r < world; ++r)
     for (std::int64_t j = 0; j < count[r]; ++j, ++at) {
       const Entry& e = all[at];
-      layout.exchanges = std::max(layout.exchanges, e.stage);
       if (e.owner == rp.rank) stage_of[r].push_back({e.index, e.stage});
     }
   for (auto& v : stage_of) std::sort(v.begin(), v.end());

@@ -98,6 +98,10 @@ void expect_close(const char* what, const Tensor& got, const Tensor& want, doubl
 
 void check_problem(const Problem& p) {
   SCOPED_TRACE(p.name + " on " + std::to_string(g_device->size()) + " ranks");
+  if (g_device->rank() == 0) {  // names the problem a crash stopped in
+    std::printf("  problem %s on %d ranks\n", p.name.c_str(), g_device->size());
+    std::fflush(stdout);
+  }
   std::mt19937_64 rng(7);  // the same global inputs on every rank
   const std::int64_t tq = p.mask.seqlen_q(), tk = p.mask.seqlen_k();
   const Tensor q = test::random_tensor(rng, p.dtype, {tq, p.hq, p.d}, 2.0),

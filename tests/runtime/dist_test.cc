@@ -113,6 +113,7 @@ struct Problem {
   DType dtype;
   double softcap = 0;
   bool sink = false;
+  int stages = 0;  // PlanOptions::num_stages: forced remote stages (0: the cost model's choice)
 };
 
 // One layer of a problem: global inputs (the same on every rank), the single-rank results, and
@@ -213,7 +214,9 @@ void check_layer(const Problem& p, DistAttention& dist, Layer& l) {
 void check_layers(const Problem& p, const std::vector<int>& backward_order) {
   SCOPED_TRACE(p.name + " on " + std::to_string(g_comm->size()) + " ranks, " +
                std::to_string(backward_order.size()) + " layer(s)");
-  DistAttention dist(p.mask, *g_comm, p.hq, p.hk, p.d, p.dtype);
+  DistAttentionOptions options;
+  options.plan.num_stages = p.stages;
+  DistAttention dist(p.mask, *g_comm, p.hq, p.hk, p.d, p.dtype, options);
   std::vector<Layer> layers;
   for (std::size_t i = 0; i < backward_order.size(); ++i)
     layers.push_back(make_layer(p, dist, 100 + i));
@@ -245,6 +248,12 @@ TEST(Dist, ForwardAndBackwardEqualTheSingleRankKernels) {
                       32, DType::kFloat32, 4.0, true});
   problems.push_back(
       {"block-causal", masks::block_causal({257, 190}, 64), 2, 2, 32, DType::kFloat32});
+  // More stages forced than some ranks (or any) have pieces for: the last stages receive
+  // nothing, and every rank still starts one exchange per stage of the rank with the most.
+  problems.push_back({"varlen-causal-in-6-stages", masks::varlen_causal({90, 400, 3, 160}), 4, 2,
+                      32, DType::kFloat32, 0, false, 6});
+  problems.push_back({"random-in-3-stages", same_random_mask(7, 280, 280), 2, 1, 32,
+                      DType::kFloat32, 0, false, 3});
   for (const Problem& p : problems) check_against_single_rank(p);
 }
 
