@@ -1,6 +1,10 @@
 // A rank's work in local coordinates: rows are its q tokens in chunk order; columns are its K/V
 // buffer (own tokens in chunk order, then the received ranges in stage order). Each band of the
-// mask is clipped to one q chunk and one K/V segment and shifted; the stage is the segment's.
+// mask is clipped to one run of q chunks and one K/V segment and shifted; the stage is the
+// segment's. Runs and segments are as long as the local order allows: neighbouring chunks held
+// together (all of them on one rank) give one run, and neighbouring K/V ranges of one stage at
+// neighbouring columns one segment, so a band is cut only where its local image breaks. Each cut
+// costs the kernels an interval per tile and a masked block where it falls inside one.
 #include <algorithm>
 
 #include "plan/plan_internal.h"
@@ -31,27 +35,47 @@ Band clip_and_shift(Band b, Range rows, Range cols, std::int64_t dr, std::int64_
 
 void build_local_work(const std::vector<Band>& bands, const ChunkIndex& q_index, RankPlan& rp) {
   const int num_stages = rp.num_stages;
-  std::vector<Segment> segments;
+  std::vector<Segment> pieces;
   std::int64_t offset = 0;
   for (const Range& r : rp.k_tokens) {
     // NOTE: empty chunks are left out: the lookup below needs segment ends increasing.
-    if (!r.empty()) segments.push_back({r, offset, 0});
+    if (!r.empty()) pieces.push_back({r, offset, 0});
     offset += r.size();
   }
   for (const RemoteRange& r : rp.recv) {
-    segments.push_back({r.tokens, offset, r.stage});
+    pieces.push_back({r.tokens, offset, r.stage});
     offset += r.tokens.size();
   }
-  std::sort(segments.begin(), segments.end(),
+  std::sort(pieces.begin(), pieces.end(),
             [](auto& a, auto& b) { return a.global.begin < b.global.begin; });
+  std::vector<Segment> segments;
+  for (const Segment& g : pieces) {
+    Segment* last = segments.empty() ? nullptr : &segments.back();
+    if (last != nullptr && last->stage == g.stage && last->global.end == g.global.begin &&
+        last->local_begin + last->global.size() == g.local_begin)
+      last->global.end = g.global.end;
+    else
+      segments.push_back(g);
+  }
   rp.stage_work.assign(num_stages + 1, {});
   rp.stage_area.assign(num_stages + 1, 0);
+  std::vector<std::int32_t> run_bands;
   std::int64_t local_row = 0;
-  for (std::int64_t c : rp.chunks) {
-    const Range rows = q_index.chunks[c];
+  for (std::size_t i = 0; i < rp.chunks.size();) {
+    // The run of chunks i..j-1: each begins where the one before ends.
+    Range rows = q_index.chunks[rp.chunks[i]];
+    std::size_t j = i + 1;
+    while (j < rp.chunks.size() && q_index.chunks[rp.chunks[j]].begin == rows.end)
+      rows.end = q_index.chunks[rp.chunks[j++]].end;
+    run_bands.clear();
+    for (std::size_t c = i; c < j; ++c)
+      run_bands.insert(run_bands.end(), q_index.band_ids.begin() + q_index.offsets[rp.chunks[c]],
+                       q_index.band_ids.begin() + q_index.offsets[rp.chunks[c] + 1]);
+    std::sort(run_bands.begin(), run_bands.end());
+    run_bands.erase(std::unique(run_bands.begin(), run_bands.end()), run_bands.end());
     const std::int64_t dr = local_row - rows.begin;
-    for (std::int64_t i = q_index.offsets[c]; i < q_index.offsets[c + 1]; ++i) {
-      const Band& b = bands[q_index.band_ids[i]];
+    for (const std::int32_t id : run_bands) {
+      const Band& b = bands[id];
       const TileSpan s = band_tile_span(b, rows.begin, rows.end);
       if (s.span_begin >= s.span_end) continue;
       auto seg =
@@ -67,6 +91,7 @@ void build_local_work(const std::vector<Band>& bands, const ChunkIndex& q_index,
       }
     }
     local_row += rows.size();
+    i = j;
   }
 }
 
