@@ -6,7 +6,9 @@
 # mask: TFLOPS of A and B (median over rounds) and A/B.
 #   scripts/gpu-ab.sh BASE_TREE OUT [lengths...]
 # From the environment: HEADS, HEADS_KV, ROUNDS, MASKS (a subset of "full causal varlen-causal
-# swa1024"), A_LABEL (the device copy's .git may be older than its tree: say which commit A is).
+# swa1024"), A_LABEL (the device copy's .git may be older than its tree: say which commit A is),
+# B_CMAKE_ARGS (B's build options: with BASE_TREE `.`, this tree against itself built another
+# way, e.g. B_CMAKE_ARGS=-DFLEXCP_SM90_DQ_WRITER=ON).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 base=${1:?base tree}
@@ -18,9 +20,10 @@ mkdir -p "$out"
 heads=${HEADS:-64} heads_kv=${HEADS_KV:-8} rounds=${ROUNDS:-3}
 masks=${MASKS:-full causal varlen-causal swa1024}
 label=${A_LABEL:-$(git rev-parse --short HEAD 2>/dev/null)}
+# shellcheck disable=SC2086  # B_CMAKE_ARGS is a list of options
 cmake -S "$base" -B "$base/build-ab" -G Ninja -DCMAKE_BUILD_TYPE=Release -DFLEXCP_BUILD_TESTS=OFF \
   -DFLEXCP_BUILD_BENCH=OFF -DFLEXCP_SM90_DTYPES=bf16 -DFLEXCP_SM90_HEAD_DIMS=128 \
-  -DFLEXCP_CUTLASS_INCLUDE="$PWD/.deps/cutlass/include" > "$out/ab-build.log" 2>&1 &&
+  -DFLEXCP_CUTLASS_INCLUDE="$PWD/.deps/cutlass/include" ${B_CMAKE_ARGS:-} > "$out/ab-build.log" 2>&1 &&
   cmake --build "$base/build-ab" -j "$(nproc)" --target flexcp_cli >> "$out/ab-build.log" 2>&1 ||
   { tail -30 "$out/ab-build.log"; exit 1; }
 a=build/gpu/tools/flexcp/flexcp
