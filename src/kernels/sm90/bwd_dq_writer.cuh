@@ -1,7 +1,7 @@
-// The backward's dQ writer (BwdConfig::kDqWriter): the producer warp group's second warp adds each consumer group's
-// staged half of a block's dQ to the fp32 accumulator with TMA reductions, so that a group hands
-// its tile over with a fence and a non-blocking arrive instead of waiting for all its threads and
-// then, a block later, for the copy engine.
+// The backward's dQ writer (BwdConfig::kDqWriter): the producer warp group's second warp adds each
+// consumer group's staged half of a block's dQ to the fp32 accumulator with TMA reductions, so that
+// a group hands its tile over with a fence and a non-blocking arrive instead of waiting for all its
+// threads and then, a block later, for the copy engine.
 //
 // Only the tile passes between them. The writer takes the same items from the item queue as the
 // consumers and walks the same blocks in the same order (detail::walk_unit), so it knows each
@@ -33,8 +33,8 @@ __device__ __forceinline__ std::uint32_t dq_barrier(BwdBarrier b, int group) {
 // The whole writer warp runs this (named barriers count warps); lane 0 issues the copies. `walk`
 // is detail::walk_unit, passed in because the kernel file defines it beside BwdItem.
 template <class Cfg, class Storage, class Pipeline, class Decode, class Walk>
-__device__ __forceinline__ void write_dq_blocks(const BwdParams& p, Storage& ss, Pipeline& pipe_item,
-                                                Decode&& decode, Walk&& walk) {
+__device__ __forceinline__ void write_dq_blocks(const BwdParams& p, Storage& ss,
+                                                Pipeline& pipe_item, Decode&& decode, Walk&& walk) {
   using cutlass::arch::NamedBarrier;
   using namespace cute;
   constexpr std::uint32_t kThreads = Cfg::kDqHandoffThreads;
