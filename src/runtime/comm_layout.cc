@@ -61,14 +61,12 @@ void learn_send_stages(CommLayout& layout, const RankPlan& rp, Communicator& com
   std::vector<Header> heads(world);
   const Header head{static_cast<std::int64_t>(mine.size()), rp.num_stages};
   comm.all_gather(&head, sizeof head, heads.data());
-  std::vector<std::int64_t> count(world);
   std::vector<std::size_t> bytes(world);
   std::int64_t total = 0;
   layout.exchanges = 0;
   for (int r = 0; r < world; ++r) {
-    count[r] = heads[r].pieces;
-    bytes[r] = static_cast<std::size_t>(count[r]) * sizeof(Entry);
-    total += count[r];
+    bytes[r] = static_cast<std::size_t>(heads[r].pieces) * sizeof(Entry);
+    total += heads[r].pieces;
     layout.exchanges = std::max(layout.exchanges, static_cast<int>(heads[r].stages));
   }
   std::vector<Entry> all(static_cast<std::size_t>(std::max<std::int64_t>(total, 1)));
@@ -78,7 +76,7 @@ void learn_send_stages(CommLayout& layout, const RankPlan& rp, Communicator& com
   std::vector<std::vector<std::pair<int, int>>> stage_of(world);  // per receiver: (index, stage)
   std::int64_t at = 0;
   for (int r = 0; r < world; ++r)
-    for (std::int64_t j = 0; j < count[r]; ++j, ++at) {
+    for (std::int64_t j = 0; j < heads[r].pieces; ++j, ++at) {
       const Entry& e = all[at];
       if (e.owner == rp.rank) stage_of[r].push_back({e.index, e.stage});
     }

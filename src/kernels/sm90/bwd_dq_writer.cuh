@@ -22,6 +22,7 @@
 #include <cute/tensor.hpp>
 
 #include "kernels/sm90/bwd_config.cuh"
+#include "kernels/sm90/bwd_items.cuh"
 #include "kernels/sm90/bwd_params.h"
 
 namespace flexcp::sm90::detail {
@@ -30,11 +31,10 @@ __device__ __forceinline__ std::uint32_t dq_barrier(BwdBarrier b, int group) {
   return static_cast<std::uint32_t>(b) + static_cast<std::uint32_t>(group);
 }
 
-// The whole writer warp runs this (named barriers count warps); lane 0 issues the copies. `walk`
-// is detail::walk_unit, passed in because the kernel file defines it beside BwdItem.
-template <class Cfg, class Storage, class Pipeline, class Decode, class Walk>
+// The whole writer warp runs this (named barriers count warps); lane 0 issues the copies.
+template <class Cfg, class Storage, class Pipeline>
 __device__ __forceinline__ void write_dq_blocks(const BwdParams& p, Storage& ss,
-                                                Pipeline& pipe_item, Decode&& decode, Walk&& walk) {
+                                                Pipeline& pipe_item) {
   using cutlass::arch::NamedBarrier;
   using namespace cute;
   constexpr std::uint32_t kThreads = Cfg::kDqHandoffThreads;
@@ -46,9 +46,9 @@ __device__ __forceinline__ void write_dq_blocks(const BwdParams& p, Storage& ss,
   for (;;) {
     const int i = Cfg::Items::take(pipe_item, item_state, ss.items);
     if (i >= p.items) break;
-    const auto it = decode(p, i);
+    const BwdItem it = decode_bwd_item(p, i);
     if (it.e_begin == it.e_end) continue;
-    walk(p, it, [&](int hq, int c0, const WorkEntry&) {
+    walk_unit(p, it, [&](int hq, int c0, const WorkEntry&) {
       for (int g = 0; g < Cfg::kConsumers; ++g) {
         NamedBarrier::sync(kThreads, dq_barrier(BwdBarrier::kDqStaged, g));
         if (issuer) {

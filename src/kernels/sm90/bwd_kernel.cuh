@@ -27,6 +27,7 @@
 #include "kernels/sm90/bwd_config.cuh"
 #include "kernels/sm90/bwd_dq_writer.cuh"
 #include "kernels/sm90/bwd_epilogue.cuh"
+#include "kernels/sm90/bwd_items.cuh"
 #include "kernels/sm90/bwd_params.h"
 #include "kernels/sm90/bwd_softmax.cuh"
 #include "kernels/sm90/kernel_common.cuh"
@@ -34,43 +35,6 @@
 #include "kernels/worklist/worklist.h"
 
 namespace flexcp::sm90 {
-
-namespace detail {
-
-// A unit (kernels/worklist/bwd_units.h) with its tile's entries.
-struct BwdItem : BwdUnit {
-  int e_begin, e_end;
-};
-
-__device__ __forceinline__ BwdItem decode_bwd_item(const BwdParams& p, int i) {
-  BwdItem it;
-  static_cast<BwdUnit&>(it) = p.units[i];
-  it.e_begin = int(p.work.tile_offsets[it.tile]);
-  it.e_end = int(p.work.tile_offsets[it.tile + 1]);
-  return it;
-}
-
-// The unit's q blocks in walk order: the q heads of the group, the tile's entries, each entry's
-// blocks of kBwdBlockM rows from its begin; f(q head, first row, entry) for those in
-// [block_begin, block_end). The producer and the consumers walk alike.
-template <class F>
-__device__ __forceinline__ void walk_unit(const BwdParams& p, const BwdItem& it, F&& f) {
-  int walked = 0;  // blocks before the current entry
-  for (int j = 0; j < p.group; ++j) {
-    const int hq = it.kv_head * p.group + j;
-    for (int e = it.e_begin; e < it.e_end; ++e) {
-      const WorkEntry entry = p.work.entries[e];
-      const int begin = int(entry.begin);
-      const int blocks = (int(entry.end) - begin + kBwdBlockM - 1) / kBwdBlockM;
-      const int lo = max(it.block_begin - walked, 0), hi = min(it.block_end - walked, blocks);
-      for (int b = lo; b < hi; ++b) f(hq, begin + b * kBwdBlockM, entry);
-      walked += blocks;
-      if (walked >= it.block_end) return;
-    }
-  }
-}
-
-}  // namespace detail
 
 template <class Cfg>
 __global__ void __launch_bounds__(Cfg::kThreads, 1)
@@ -112,12 +76,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
     cutlass::arch::warpgroup_reg_dealloc<Cfg::kProducerRegs>();
     if constexpr (Cfg::kDqWriter) {
       if (dq_writer) {
-        detail::write_dq_blocks<Cfg>(
-            p, ss, pipe_item,
-            [](const BwdParams& q, int i) { return detail::decode_bwd_item(q, i); },
-            [](const BwdParams& q, const detail::BwdItem& it, auto&& f) {
-              detail::walk_unit(q, it, f);
-            });
+        detail::write_dq_blocks<Cfg>(p, ss, pipe_item);
         return;
       }
     }
