@@ -10,6 +10,8 @@ flexcp's roll (no label crosses a document). Run on one process, or on several w
 import argparse
 import math
 import os
+import sys
+import time
 
 import torch
 import torch.distributed as dist
@@ -25,6 +27,20 @@ def rope(x, positions, base=10000.0):
     cos, sin = angle.cos().unsqueeze(1), angle.sin().unsqueeze(1)
     x1, x2 = x[..., 0::2], x[..., 1::2]
     return torch.stack((x1 * cos - x2 * sin, x1 * sin + x2 * cos), dim=-1).flatten(-2)
+
+
+def all_reduce_sum(tensors):
+    """Sums the tensors over the ranks, in place, in one all-reduce of a flat copy (as DDP's buckets
+    do). It returns once gloo's worker thread let go of the copy: under torch 2.15 a worker that
+    drops a tensor takes the GIL, and one still doing so when the interpreter exits aborts the
+    process ("terminate called without an active exception")."""
+    flat = torch.cat([t.reshape(-1) for t in tensors])
+    uses, refs = flat._use_count(), sys.getrefcount(flat)
+    dist.all_reduce(flat)
+    while flat._use_count() > uses or sys.getrefcount(flat) > refs:
+        time.sleep(0)  # hands the GIL to the worker waiting for it
+    for t, part in zip(tensors, flat.split([t.numel() for t in tensors])):
+        t.copy_(part.view_as(t))
 
 
 class Block(torch.nn.Module):
@@ -91,7 +107,7 @@ def main():
         attend = lambda q, k, v: flexcp.attention(q, k, v, mask)  # noqa: E731
     count = torch.tensor(float((labels != -100).sum()))
     if distributed:
-        dist.all_reduce(count)
+        all_reduce_sum([count])
     for step in range(a.steps):
         logits = model(ids_local, positions, attend)
         loss = torch.nn.functional.cross_entropy(logits, labels, ignore_index=-100,
@@ -99,10 +115,8 @@ def main():
         opt.zero_grad()
         loss.backward()
         total = loss.detach().clone()
-        if distributed:
-            dist.all_reduce(total)
-            for param in model.parameters():  # what DDP does: one model, every rank's tokens
-                dist.all_reduce(param.grad)
+        if distributed:  # what DDP does: one model, every rank's tokens
+            all_reduce_sum([total] + [param.grad for param in model.parameters()])
         opt.step()
         if rank == 0:
             print(f"step {step} loss {total.item():.6f} ranks {world}", flush=True)

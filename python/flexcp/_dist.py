@@ -2,9 +2,10 @@
 and computes; this file gives it a communicator made of a gloo group's point-to-point and
 collective calls on host memory (on which the C++ side builds, for CUDA tensors, its own NCCL
 communicator or the staged backend), and the autograd of the distributed calls."""
-import collections
 import ctypes
 import os
+import sys
+import time
 
 import torch
 import torch.distributed as dist
@@ -22,17 +23,44 @@ def _bytes_at(address, nbytes):
     return torch.frombuffer((ctypes.c_uint8 * nbytes).from_address(address), dtype=torch.uint8)
 
 
-# NOTE: gloo's worker thread drops its reference to a collective's tensors a moment after the call
-# returns. Were it the last reference, freeing them would take the GIL on that thread; under torch
-# 2.4, a destroy_process_group() on the main thread in that moment joined the worker while holding
-# the GIL: a deadlock (seen in tests, about one run in five). The last two collectives' host
-# tensors are held here, so that they are freed later, on the calling thread (at most two
-# gathers' buffers of host memory; device tensors do not go through gloo).
-_recent_collectives = collections.deque(maxlen=2)
+# NOTE: gloo runs a collective on a worker thread of its pool, which drops its references to the
+# call's tensors a moment after the caller's wait() returned. Under torch 2.15 dropping one takes
+# the GIL (a tensor's C++ references keep its Python object alive), so that a worker still doing so
+# when the interpreter exits aborts the process ("terminate called without an active exception";
+# seen in about one 2-rank run in ten of examples/torch_native, whose own all_reduce it was); under
+# torch 2.4 a destroy_process_group() in that moment deadlocked, joining the worker while holding
+# the GIL. So every collective here returns only once the worker let go of its tensors: their C++
+# and Python reference counts back to what they were before the call, the GIL released meanwhile.
+# (Point-to-point sends and receives do not run on that pool; gloo's transport lets go of their
+# tensors later, at no fixed point: they are not waited for.)
 
 
-def _hold_until_later(*tensors):
-    _recent_collectives.append([t for t in tensors if isinstance(t, list) or not t.is_cuda])
+def _reference_counts(tensors):
+    """What holds each host tensor: its C++ and its Python reference counts (device tensors, NCCL's,
+    are left out: NCCL's work objects keep them until the stream passed them)."""
+    return [(t._use_count(), sys.getrefcount(t)) if not t.is_cuda else (0, 0) for t in tensors]
+
+
+def _until_gloo_lets_go(tensors, before):
+    """Waits until no tensor of `tensors` is held more than `before` (_reference_counts taken
+    before the gloo call, with the caller holding the same references)."""
+    deadline = time.monotonic() + _timeout_s()
+    while any(n[0] > b[0] or n[1] > b[1] for n, b in zip(_reference_counts(tensors), before)):
+        if time.monotonic() > deadline:
+            raise RuntimeError(
+                f"flexcp: gloo still holds the tensors of a completed call after {_timeout_s():.0f}"
+                f" s (FLEXCP_COMM_TIMEOUT_S): reference counts {_reference_counts(tensors)}, "
+                f"expected at most {before}")
+        time.sleep(0)  # releases the GIL, which the worker may be waiting for
+
+
+def _collective(call, *tensors, group):
+    """call(*tensors, group=group) (a collective that waits), returning once gloo let go of the
+    tensors (a list among them stands for its tensors)."""
+    flat = [t for x in tensors for t in (x if isinstance(x, list) else [x])]
+    before = _reference_counts(flat)
+    call(*tensors, group=group)
+    _until_gloo_lets_go(flat, before)
 
 
 def _timeout_s():
@@ -94,8 +122,7 @@ class _GroupComm:
         send = torch.zeros(width, dtype=torch.uint8)
         send[:counts[self._rank]] = _bytes_at(mine, counts[self._rank])
         parts = [torch.empty(width, dtype=torch.uint8) for _ in range(self._size)]
-        dist.all_gather(parts, send, group=self.group)
-        _hold_until_later(send, parts)
+        _collective(dist.all_gather, parts, send, group=self.group)
         dest = _bytes_at(out, sum(counts))
         offset = 0
         for part, n in zip(parts, counts):
@@ -379,8 +406,7 @@ def _gather_rows(attn, x_local):
     padded[:x_local.shape[0]] = x_local
     parts = [torch.empty_like(padded) for _ in range(attn.world_size)]
     padded = padded.contiguous()
-    dist.all_gather(parts, padded, group=group)
-    _hold_until_later(padded, parts)
+    _collective(dist.all_gather, parts, padded, group=group)
     out = x_local.new_empty((attn.mask.seqlen_q, *x_local.shape[1:]))
     for r, (part, n) in enumerate(zip(parts, counts)):
         out.index_copy_(0, attn._positions_of(r).to(out.device), part[:n])
@@ -396,8 +422,7 @@ class _Undispatch(torch.autograd.Function):
     @staticmethod
     def backward(ctx, grad):
         group, summed = _for_collectives(ctx.attn, grad.contiguous().clone())
-        dist.all_reduce(summed, group=group)
-        _hold_until_later(summed)
+        _collective(dist.all_reduce, summed, group=group)
         rows = ctx.attn.position_ids.to(summed.device)
         return None, summed.index_select(0, rows).to(grad.device)
 

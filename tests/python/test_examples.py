@@ -10,9 +10,9 @@ TRAIN = os.path.join(ROOT, "examples", "torch_native", "train.py")
 
 
 def losses(cmd):
-    # PYTHONFAULTHANDLER: a rank that aborts (a rare "terminate called without an active
-    # exception" at interpreter exit, seen with torch 2.15 and gloo, not understood yet) prints
-    # every thread's Python stack, so that its failure says where it was.
+    # PYTHONFAULTHANDLER: a rank that aborts prints every thread's Python stack, so that its
+    # failure says where it was (as for the "terminate called without an active exception" at
+    # interpreter exit that torch 2.15's gloo caused: examples/torch_native, all_reduce_sum).
     env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONFAULTHANDLER="1")
     run = subprocess.run(cmd, capture_output=True, text=True, env=env, cwd=ROOT, timeout=600)
     assert run.returncode == 0, run.stdout + run.stderr
