@@ -48,7 +48,7 @@ def _until_gloo_lets_go(tensors, before):
     while any(n[0] > b[0] or n[1] > b[1] for n, b in zip(_reference_counts(tensors), before)):
         if time.monotonic() > deadline:
             raise RuntimeError(
-                f"flexcp: gloo still holds the tensors of a completed call after {_timeout_s():.0f}"
+                f"flexcp: gloo still holds the tensors of a completed call after {_timeout_s():g}"
                 f" s (FLEXCP_COMM_TIMEOUT_S): reference counts {_reference_counts(tensors)}, "
                 f"expected at most {before}")
         time.sleep(0)  # releases the GIL, which the worker may be waiting for

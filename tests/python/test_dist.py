@@ -142,7 +142,7 @@ def test_a_tensor_gloo_never_lets_go_of_is_named_after_the_time_out(monkeypatch)
     monkeypatch.setenv("FLEXCP_COMM_TIMEOUT_S", "0.05")
     t = torch.ones(3)
     with pytest.raises(RuntimeError, match="gloo still holds the tensors of a completed call "
-                       "after 0 s"):
+                       "after 0.05 s"):
         flexcp._dist._until_gloo_lets_go([t], [(0, 0)])
 
 
