@@ -54,8 +54,6 @@ if(FLEXCP_WITH_CUDA)
   # Which sm90 forward instantiations to compile (pruned ones answer "not compiled" at run time).
   set(FLEXCP_SM90_DTYPES "bf16;fp16" CACHE STRING "dtypes of the sm90 forward kernel")
   set(FLEXCP_SM90_HEAD_DIMS "64;128" CACHE STRING "head dims of the sm90 forward kernel")
-  # Off until measured against the leader version on the GPU (issue 11): bwd_dq_writer.cuh.
-  option(FLEXCP_SM90_DQ_WRITER "sm90 backward: a dQ writer warp adds the staged dQ" OFF)
 endif()
 
 # NCCL's header for the nccl communicator (the library is loaded at run time, comm/nccl.cc): the

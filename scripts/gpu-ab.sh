@@ -8,7 +8,7 @@
 # From the environment: HEADS, HEADS_KV, ROUNDS, MASKS (a subset of "full causal varlen-causal
 # swa1024"), A_LABEL (the device copy's .git may be older than its tree: say which commit A is),
 # B_CMAKE_ARGS (B's build options: with BASE_TREE `.`, this tree against itself built another
-# way, e.g. B_CMAKE_ARGS=-DFLEXCP_SM90_DQ_WRITER=ON).
+# way, e.g. B_CMAKE_ARGS=-DFLEXCP_SM90_HEAD_DIMS=64).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 base=${1:?base tree}

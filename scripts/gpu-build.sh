@@ -3,7 +3,7 @@
 # and sets `serialised` to the count of ptxas C7520 warnings: a kernel that reads a wgmma
 # accumulator on a branch gets every wgmma serialised, a silent 30x slowdown that no test sees
 # (src/kernels/sm90/README.md), so the callers fail on it. GPU_CMAKE_ARGS adds configure options
-# (e.g. -DFLEXCP_SM90_DQ_WRITER=ON).
+# (e.g. -DFLEXCP_SM90_DTYPES=bf16).
 t0=$SECONDS
 # shellcheck disable=SC2086  # GPU_CMAKE_ARGS is a list of options
 cmake -S . -B build/gpu -G Ninja -DCMAKE_BUILD_TYPE=Release -DFLEXCP_BUILD_PYTHON=ON \

@@ -4,8 +4,11 @@
 # the GPU. Builds build/gpu first when needed. Writes one report per case under the folder given,
 # plus the tensor-pipe metrics this ncu knows.
 #   scripts/gpu-profile.sh OUT            BACKWARD=1 scripts/gpu-profile.sh OUT
-# CASES names the cases to run (default: all three); SOURCE=1 adds the per-instruction stall
-# samples (SourceCounters) and prints the hottest SASS lines (scripts/ncu-hot-sass.py).
+# CASES names the cases to run (default: full-16k swa1024-32k causal-1k; causal-32k on request);
+# SOURCE=1 adds the per-instruction stall samples (SourceCounters) and prints the hottest SASS
+# lines (scripts/ncu-hot-sass.py). With FA4_SITE (scripts/gpu-fa4.sh), FlashAttention-4's kernel
+# is profiled the same way on the full and causal cases, in the same call
+# (bench/fa4_profile_case.py), so that the two kernels' reports sit side by side.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 out=${1:?output folder}
@@ -18,37 +21,63 @@ cli=build/gpu/tools/flexcp/flexcp
 docs=()  # the real document lengths that ship with flexcp
 
 # Metric names differ between ncu versions: take the tensor-pipe ones this one has.
-ncu --query-metrics 2>/dev/null | awk '{print $1}' |
-  grep -E '^sm__pipe_tensor_op_(gmma|hmma)_cycles_active$|^sm__inst_executed_pipe_tensor_op_(gmma|hmma)$' \
-    > "$out/tensor-metrics.txt" || true
+known=$(ncu --query-metrics 2>/dev/null | awk '{print $1}')
+grep -E '^sm__pipe_tensor_op_(gmma|hmma)_cycles_active$|^sm__inst_executed_pipe_tensor_op_(gmma|hmma)$' \
+  <<< "$known" > "$out/tensor-metrics.txt" || true
 metrics=$(sed 's/$/.avg.pct_of_peak_sustained_active/' "$out/tensor-metrics.txt" | paste -sd, -)
 
-kernel=fwd_kernel direction=()
-[[ -n "${BACKWARD:-}" ]] && kernel=bwd_kernel direction=(--backward)
+# Shared memory's own counters beside them: the LSU's wavefronts and bank conflicts (stores of dS
+# and dQ, loads of statistics), and the instructions issued.
+grep -E '^l1tex__data_pipe_lsu_wavefronts_mem_shared$|^l1tex__data_bank_conflicts_pipe_lsu_mem_shared$|^smsp__inst_executed$' \
+  <<< "$known" > "$out/smem-metrics.txt" || true
+metrics+=$(sed 's/$/.sum/' "$out/smem-metrics.txt" | paste -sd, - | sed 's/^./,&/')
+metrics=${metrics#,}
+
+kernel=fwd_kernel direction=() fa4_kernel=ForwardSm90
+[[ -n "${BACKWARD:-}" ]] && kernel=bwd_kernel direction=(--backward) fa4_kernel=BackwardSm90
 source=()
 [[ -n "${SOURCE:-}" ]] && source=(--section SourceCounters --import-source no)
+fa4_python=()
+if [[ -n "${FA4_SITE:-}" ]]; then
+  fa4_python=(env "PYTHONPATH=$FA4_SITE:$FA4_SITE/nvidia_cutlass_dsl/dsl_packages" python3
+              bench/fa4_profile_case.py --heads 64 --heads-kv 8 ${BACKWARD:+--backward})
+fi
+# ncu_one NAME LABEL KERNEL_REGEX [ncu options] COMMAND...: one report (and its hot SASS lines).
+ncu_one() {
+  local name=$1 label=$2 regex=$3
+  shift 3
+  local log=$out/ncu-$label-$name.txt
+  ncu --clock-control none --kernel-name "regex:$regex" --launch-count 1 \
+    --section SpeedOfLight --section ComputeWorkloadAnalysis --section MemoryWorkloadAnalysis \
+    --section SchedulerStats --section WarpStateStats --section LaunchStats "${source[@]}" \
+    ${metrics:+--metrics "$metrics"} ${source:+--export "$out/$label-$name" --force-overwrite} \
+    "$@" > "$log" 2>&1 || echo "==ERROR ncu exited with $?" >> "$log"
+  if [[ -n "${SOURCE:-}" && -f "$out/$label-$name.ncu-rep" ]]; then
+    ncu --import "$out/$label-$name.ncu-rep" >> "$log" 2>&1  # the sections, as without export
+    ncu --import "$out/$label-$name.ncu-rep" --page source --csv --print-source sass 2>&1 |
+      python3 scripts/ncu-hot-sass.py 45 > "$out/hot-sass-$label-$name.txt" 2>&1
+    rm -f "$out/$label-$name.ncu-rep"  # large; the hot lines are what comes back
+  fi
+}
 profile() {
   local name=$1
   shift
-  [[ " ${CASES:-$name} " == *" $name "* ]] || return 0
-  local log=$out/ncu-$kernel-$name.txt
-  ncu --clock-control none --kernel-name regex:$kernel --launch-skip 1 --launch-count 1 \
-    --section SpeedOfLight --section ComputeWorkloadAnalysis --section MemoryWorkloadAnalysis \
-    --section SchedulerStats --section WarpStateStats "${source[@]}" \
-    ${metrics:+--metrics "$metrics"} ${source:+--export "$out/$name" --force-overwrite} \
-    "$cli" bench --device cuda --heads 64 --heads-kv 8 --head-dim 128 --warmup 1 --repeat 1 \
-    "${direction[@]}" "$@" > "$log" 2>&1 || echo "==ERROR ncu exited with $?" >> "$log"
-  if [[ -n "${SOURCE:-}" && -f "$out/$name.ncu-rep" ]]; then
-    ncu --import "$out/$name.ncu-rep" >> "$log" 2>&1  # the sections' details, as without export
-    ncu --import "$out/$name.ncu-rep" --page source --csv --print-source sass 2>&1 |
-      python3 scripts/ncu-hot-sass.py 45 > "$out/hot-sass-$kernel-$name.txt" 2>&1
-    rm -f "$out/$name.ncu-rep"  # large; the hot lines are what comes back
+  [[ " ${CASES:-full-16k swa1024-32k causal-1k} " == *" $name "* ]] || return 0
+  ncu_one "$name" "$kernel" "$kernel" --launch-skip 1 "$cli" bench --device cuda --heads 64 \
+    --heads-kv 8 --head-dim 128 --warmup 1 --repeat 1 "${direction[@]}" "$@"
+  # FA4 on the masks it takes as one sequence (full, causal).
+  local mask=$2 seqlen=$4 causal=()
+  [[ $mask == causal ]] && causal=(--causal)
+  if ((${#fa4_python[@]})) && [[ $1 == --mask && ($mask == full || $mask == causal) ]]; then
+    ncu_one "$name" "fa4-$fa4_kernel" "$fa4_kernel" --profile-from-start off \
+      "${fa4_python[@]}" --seqlen "$seqlen" "${causal[@]}"
   fi
 }
 profile full-16k --mask full --seqlen 16384
+profile causal-32k --mask causal --seqlen 32768
 profile swa1024-32k --mask sliding-window --window 1024 --seqlen 32768 "${docs[@]}"
 profile causal-1k --mask causal --seqlen 1024
 for f in "$out"/ncu-*.txt; do
   echo "== $(basename "$f")"
-  grep -E "Duration|SM Frequency|Compute \(SM\) Throughput|DRAM Throughput|L2 Cache Throughput|Issue Slots Busy|Active Warps Per Scheduler|No Eligible|sm__pipe|sm__inst|==ERROR|==WARNING" "$f" || tail -5 "$f"
+  grep -E "Duration|SM Frequency|Compute \(SM\) Throughput|L1/TEX Cache Throughput|DRAM Throughput|L2 Cache Throughput|Shared Memory|Issue Slots Busy|Registers Per Thread|Active Warps Per Scheduler|No Eligible|sm__pipe|sm__inst|l1tex__data|smsp__inst|==ERROR|==WARNING|No kernels" "$f" || tail -5 "$f"
 done

@@ -11,17 +11,13 @@
 #include "kernels/sm90/kernel_common.cuh"
 #include "kernels/sm90/tile_scheduler.cuh"
 
-#ifndef FLEXCP_SM90_DQ_WRITER
-#define FLEXCP_SM90_DQ_WRITER 0
-#endif
-
 namespace flexcp::sm90 {
 
 // The backward's named barriers (ids above CUTLASS's reserved ones).
 enum class BwdBarrier : std::uint32_t {
   kDsReady = 0,        // both consumer groups have written their dS^T of the block to shared memory
-  kDqStaged = 1,       // a group has staged its dQ of a block (ids 1 and 2: one per group), for its
-                       // leader's reductions or, with the dQ writer, for the writer's
+  kDqStaged = 1,       // a group has staged its dQ of a block for the dQ writer's reductions
+                       // (ids 1 and 2: one per group)
   kPartialStored = 3,  // a split item's unit: both groups have stored their dK/dV partials (and,
                        // the second time, thread 0 has said whether this unit is the last)
   kDqEmpty = 4,        // the dQ writer's reductions have read a group's tile (ids 4 and 5)
@@ -42,14 +38,13 @@ struct BwdConfig {
                                               // while the other still reads this one's for dQ
   static constexpr int kConsumers = 2;
   static constexpr int kThreads = 128 * (kConsumers + 1);
-  // With FLEXCP_SM90_DQ_WRITER (a CMake option, off while it is measured: issue 11), the
-  // producer warp group's second warp adds the consumers' staged dQ to the accumulator
-  // (bwd_dq_writer.cuh), so that a group hands its tile over with an arrive; without it, each
-  // group's leader issues the reductions after a barrier of its group. The first warp's first
-  // thread loads. The deterministic mode has no dQ reductions at all.
-  static constexpr bool kDqWriter = kAccumulateDq && FLEXCP_SM90_DQ_WRITER;
+  // The producer warp group's second warp adds the consumers' staged dQ to the accumulator
+  // (bwd_dq_writer.cuh), so that a group hands its tile over with an arrive (measured against
+  // each group's leader issuing the reductions after a barrier of its group: 1.7-3.5% faster,
+  // bench/results/h200-backward-2026-12-03.md). The first warp's first thread loads. The
+  // deterministic mode has no dQ reductions, and no writer.
   static constexpr int kDqWriterWarp = 1;
-  static constexpr int kDqWriterThreads = kDqWriter ? 32 : 0;
+  static constexpr int kDqWriterThreads = kAccumulateDq ? 32 : 0;
   static constexpr std::uint32_t kDqHandoffThreads = 128 + 32;  // a consumer group and the writer
   static constexpr int kPanels = kHeadDim / 64;  // 128-byte swizzle panels along D (one TMA box)
   // Register budgets: the consumers hold dK and dV (kHeadDim fp32 each), S^T, dP^T and dQ; the

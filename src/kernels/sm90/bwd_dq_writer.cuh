@@ -1,7 +1,7 @@
-// The backward's dQ writer (BwdConfig::kDqWriter): the producer warp group's second warp adds each
-// consumer group's staged half of a block's dQ to the fp32 accumulator with TMA reductions, so that
-// a group hands its tile over with a fence and a non-blocking arrive instead of waiting for all its
-// threads and then, a block later, for the copy engine.
+// The backward's dQ writer (BwdConfig::kDqWriterWarp): the producer warp group's second warp adds
+// each consumer group's staged half of a block's dQ to the fp32 accumulator with TMA reductions,
+// so that a group hands its tile over with a fence and a non-blocking arrive instead of waiting
+// for all its threads and then, a block later, for the copy engine.
 //
 // Only the tile passes between them. The writer takes the same items from the item queue as the
 // consumers and walks the same blocks in the same order (detail::walk_unit), so it knows each

@@ -8,11 +8,11 @@
 //   dV += P^T dO, dK += dS^T Q              (wgmma, P^T and dS^T from registers)
 //   dQ = dS K                                (wgmma from shared memory: both groups' dS, each
 //                                             group half of the head dimension)
-// stages its half of dQ in shared memory, from where one thread of the group adds it to the fp32
-// accumulator with TMA reductions (or, with BwdConfig::kDqWriter, the producer group's dQ writer
-// warp: bwd_dq_writer.cuh). dK and dV are written once, at the end of the item
-// (bwd_epilogue.cuh, with the partials of split items). The preprocessing (delta, lse2) and
-// postprocessing (dQ in the input dtype, the sink's gradient) are in bwd_rowstats.cu.
+// stages its half of dQ in shared memory, from where the producer group's dQ writer warp adds it
+// to the fp32 accumulator with TMA reductions (bwd_dq_writer.cuh). dK and dV are written once, at
+// the end of the item (bwd_epilogue.cuh, with the partials of split items). The preprocessing
+// (delta, lse2) and postprocessing (dQ in the input dtype, the sink's gradient) are in
+// bwd_rowstats.cu.
 #pragma once
 
 #include <cutlass/arch/barrier.h>
@@ -63,7 +63,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
       detail::tma_pipeline_params<PipelineKV>(producer, 2 * Cfg::kKVBytes, kConsumerThreads),
       Shape<_1, _1, _1>{});
   // The consumers and the dQ writer take every item.
-  const bool dq_writer = Cfg::kDqWriter && threadIdx.x / 32 == Cfg::kDqWriterWarp;
+  const bool dq_writer = Cfg::kAccumulateDq && threadIdx.x / 32 == Cfg::kDqWriterWarp;
   PipelineItem pipe_item(
       ss.items.pipe,
       Cfg::Items::params(producer && !dq_writer, kConsumerThreads + Cfg::kDqWriterThreads));
@@ -74,7 +74,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
 
   if (producer) {
     cutlass::arch::warpgroup_reg_dealloc<Cfg::kProducerRegs>();
-    if constexpr (Cfg::kDqWriter) {
+    if constexpr (Cfg::kAccumulateDq) {
       if (dq_writer) {
         detail::write_dq_blocks<Cfg>(p, ss, pipe_item);
         return;
@@ -156,7 +156,6 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
   auto store_ds = make_tiled_copy_C(Copy_Atom<SM90_U16x8_STSM_T, Element>{}, mma_sdp);
   auto thr_store_ds = store_ds.get_thread_slice(ctid);
 
-  const bool group_leader = ctid % 128 == 0;  // issues the group's dQ reductions (no writer)
   // This thread's rows (keys of S^T, dK, dV; q rows of dQ) and columns in the accumulators.
   const auto [row_in_group, col_base] = detail::fragment_coords();
 
@@ -237,12 +236,6 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
         copy(store_ds, thr_store_ds.retile_S(rdS), tDSsdS(_, _, _, ds_stage));
       }
       cutlass::arch::fence_view_async_shared();  // the writes, visible to the tensor cores
-      // Without the writer: the previous block's dQ reduction has read this group's staging tile
-      // before it is written again below (every thread of the group passes the barrier after
-      // its leader).
-      if constexpr (!Cfg::kDqWriter) {
-        if (group_leader) tma_store_wait<0>();
-      }
       cutlass::arch::NamedBarrier::sync(256, static_cast<std::uint32_t>(BwdBarrier::kDsReady));
       issue_ss(mma_dq, tDQrdS(_, _, _, ds_stage), tDQrK, tdQrdQ);
     }
@@ -253,12 +246,14 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
     ++do_state;
 
     // This group's half of dQ into its staging tile, in the 128-byte swizzle of the TMA map (the
-    // 16-byte chunk index XOR the row mod 8: conflict-free for these float2 stores), once the
-    // last block's reductions have read it. Rows past the entry are staged as zeros: the
-    // reduction adds the whole box, and those rows may belong to another entry (or attend keys
-    // whose values are not finite).
+    // 16-byte chunk index XOR the row mod 8), once the writer's reductions have read the last
+    // block's. A half-warp's 64-bit stores meet 2-way bank conflicts there (its 4 rows XOR onto
+    // the same chunk pairs): staged in slabs of 8 columns instead, conflict-free, the reductions'
+    // 32-byte rows cost more than the conflicts (bench/results/h200-backward-2026-12-03.md).
+    // Rows past the entry are staged as zeros: the reduction adds the whole box, and those rows
+    // may belong to another entry (or attend keys whose values are not finite).
     if constexpr (Cfg::kAccumulateDq) {
-      if constexpr (Cfg::kDqWriter) detail::wait_dq_tile_free<Cfg>(half);
+      detail::wait_dq_tile_free<Cfg>(half);
       float* dq_stage = ss.dq.data() + half * kBlockM * Cfg::kDqCols;
       CUTLASS_PRAGMA_UNROLL
       for (int h = 0; h < 2; ++h) {
@@ -275,20 +270,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
                    : make_float2(0.f, 0.f);
         }
       }
-      if constexpr (Cfg::kDqWriter) {
-        detail::hand_over_dq_tile<Cfg>(half);
-      } else {
-        cutlass::arch::fence_view_async_shared();  // the writes, visible to the copy engine
-        cutlass::arch::NamedBarrier::sync(128,
-                                          static_cast<std::uint32_t>(BwdBarrier::kDqStaged) + half);
-        if (group_leader) {
-          CUTLASS_PRAGMA_UNROLL
-          for (int panel = 0; panel < Cfg::kDqPanels; ++panel)
-            SM90_TMA_REDUCE_ADD_3D::copy(&p.tma_dq, dq_stage + panel * kBlockM * kBwdDqBoxCols,
-                                         half * Cfg::kDqCols + panel * kBwdDqBoxCols, c0, hq);
-          tma_store_arrive();
-        }
-      }
+      detail::hand_over_dq_tile<Cfg>(half);
     }
     warpgroup_wait<0>();  // dK done: Q is no longer read
     warpgroup_fence_operand(tdKrdK);
@@ -316,12 +298,10 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
         detail::sum_split_partials<Cfg>(p, unit, tdKrdK, tdVrdV, ctid, ss.last_unit))
       detail::write_dk_dv<Cfg>(p, unit, tdKrdK, tdVrdV, half);
   }
-  if constexpr (Cfg::kDqWriter) {
+  if constexpr (Cfg::kAccumulateDq) {
     // The writer's release of this group's last tile: every barrier arrival has its sync.
     detail::wait_dq_tile_free<Cfg>(half);
-  } else if constexpr (Cfg::kAccumulateDq) {
-    if (group_leader) tma_store_wait<0>();  // the staging tiles stay until the last reduction
-  }                                         // read them
+  }
 }
 
 }  // namespace flexcp::sm90

@@ -73,8 +73,8 @@ CUtensorMap accumulator_map(const std::string& fn, const char* name, float* data
                     &map, CU_TENSOR_MAP_DATA_TYPE_FLOAT32, 3, data, dims, strides, box,
                     element_strides, CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
                     CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE),
-                name,
-                "[" + std::to_string(tokens) + ", " + std::to_string(heads) + ", " +
+                name,  // a std::string first: g++ 12 warns (-Wrestrict) on "[" + string
+                std::string("[") + std::to_string(tokens) + ", " + std::to_string(heads) + ", " +
                     std::to_string(head_dim) + "] fp32");
   return map;
 }
