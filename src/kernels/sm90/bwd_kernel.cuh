@@ -139,15 +139,9 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
   typename Cfg::MmaSdP mma_sdp;
   typename Cfg::MmaKV mma_kv;
   typename Cfg::MmaDQ mma_dq;
-  // The shared-memory operands' descriptors depend on the warp group only (every thread of a
-  // group issues the same wgmma): sliced at the group's first thread, from a warp-uniform group
-  // index, they are computed in uniform registers. Sliced at ctid, each descriptor was built in
-  // per-thread registers and moved across (R2UR) before every wgmma: about 6 instructions per
-  // wgmma, 24 wgmmas a block.
-  const int operand_tid = (cutlass::canonical_warp_group_idx() - 1) * 128;
-  auto thr_sdp = mma_sdp.get_thread_slice(operand_tid);
-  auto thr_kv = mma_kv.get_thread_slice(operand_tid);
-  auto thr_dq = mma_dq.get_thread_slice(operand_tid);
+  auto thr_sdp = mma_sdp.get_thread_slice(ctid);
+  auto thr_kv = mma_kv.get_thread_slice(ctid);
+  auto thr_dq = mma_dq.get_thread_slice(ctid);
 
   Tensor tdVrdV = partition_fragment_C(mma_kv, select<0, 1>(typename Cfg::TileKV{}));
   Tensor tdKrdK = partition_fragment_C(mma_kv, select<0, 1>(typename Cfg::TileKV{}));
