@@ -4,7 +4,8 @@
 # the GPU. Builds build/gpu first when needed. Writes one report per case under the folder given,
 # plus the tensor-pipe metrics this ncu knows.
 #   scripts/gpu-profile.sh OUT            BACKWARD=1 scripts/gpu-profile.sh OUT
-# CASES names the cases to run (default: full-16k swa1024-32k causal-1k; causal-32k on request);
+# CASES names the cases to run (default: full-16k swa1024-32k causal-1k; full-4k, full-32k and
+# causal-32k on request);
 # SOURCE=1 adds the per-instruction stall samples (SourceCounters) and prints the hottest SASS
 # lines (scripts/ncu-hot-sass.py). With FA4_SITE (scripts/gpu-fa4.sh), FlashAttention-4's kernel
 # is profiled the same way on the full and causal cases, in the same call
@@ -73,7 +74,9 @@ profile() {
       "${fa4_python[@]}" --seqlen "$seqlen" "${causal[@]}"
   fi
 }
+profile full-4k --mask full --seqlen 4096
 profile full-16k --mask full --seqlen 16384
+profile full-32k --mask full --seqlen 32768
 profile causal-32k --mask causal --seqlen 32768
 profile swa1024-32k --mask sliding-window --window 1024 --seqlen 32768 "${docs[@]}"
 profile causal-1k --mask causal --seqlen 1024

@@ -80,6 +80,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
   const int ctid = threadIdx.x - 128;  // 0..255 over both consumer warp groups
   const int half = wg - 1;             // which 64 keys of the tile (and half of D for dQ)
   detail::BwdBlockMma<Cfg> mainloop(ctid, half);
+  mainloop.clock.start();
   Tensor tdVrdV = mainloop.key_accumulator();
   Tensor tdKrdK = mainloop.key_accumulator();
   static_assert(size(tdVrdV) == Cfg::kHeadDim / 2);
@@ -110,6 +111,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
     // The writer's release of this group's last tile: every barrier arrival has its sync.
     detail::wait_dq_tile_free<Cfg>(half);
   }
+  mainloop.clock.report(half);
 }
 
 }  // namespace flexcp::sm90

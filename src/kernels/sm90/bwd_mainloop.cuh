@@ -19,6 +19,7 @@
 #include "kernels/sm90/bwd_items.cuh"
 #include "kernels/sm90/bwd_params.h"
 #include "kernels/sm90/bwd_softmax.cuh"
+#include "kernels/sm90/bwd_trace.cuh"
 #include "kernels/sm90/kernel_common.cuh"
 #include "kernels/sm90/tile_scheduler.cuh"
 #include "kernels/worklist/worklist.h"
@@ -115,6 +116,7 @@ struct BwdBlockMma {
   int row_in_group, col_base;
   typename PipelineQ::PipelineState q_state, do_state;
   int ds_stage = 0;
+  PhaseClock clock;  // empty unless FLEXCP_SM90_BWD_TRACE
 
   // ctid: 0..255 over both consumer warp groups.
   __device__ __forceinline__ BwdBlockMma(int ctid, int half_)
@@ -188,23 +190,27 @@ struct BwdBlockMma {
     Tensor tDQrK = thr_dq.partition_fragment_B(smem(ss.k.data(), typename Cfg::SmemLayoutKt{}));
     Tensor tDSsdS = thr_store_ds.partition_D(
         as_position_independent_swizzle_tensor(smem(ss.ds.data(), typename Cfg::SmemLayoutDst{})));
+    clock.block();
     pipe_q.consumer_wait(q_state);
     issue_ss(mma_sdp, tSrK, tSrQ(_, _, _, q_state.index()), tSrS);
     pipe_do.consumer_wait(do_state);
     issue_ss(mma_sdp, tSrV, tSrdO(_, _, _, do_state.index()), tSrdP);
     warpgroup_wait<1>();
     warpgroup_fence_operand(tSrS);
+    clock.mark(BwdPhase::kScores);
 
     // This thread's columns of the statistics (the copies started up to 3 rows early).
     const float* lse2 = ss.lse2.data() + q_state.index() * kBwdStatsLoad + (c0 & 3) + col_base;
     const float* delta = ss.delta.data() + do_state.index() * kBwdStatsLoad + (c0 & 3) + col_base;
     probabilities_t<kBlockM, kBlockN>(p, tSrS, entry, c0, key0, key0 + 64 * half + row_in_group,
                                       col_base, lse2);
+    clock.mark(BwdPhase::kProbs);
     warpgroup_wait<0>();
     warpgroup_fence_operand(tSrdP);
     logit_gradients_t<kBlockM>(p, tSrS, tSrdP, lse2, delta);
     convert(tSrS, tKVrP);
     convert(tSrdP, tKVrdS);
+    clock.mark(BwdPhase::kGrads);
 
     // dV += P^T dO while dS^T goes to shared memory for dQ.
     issue_rs(mma_kv, tKVrP, tKVrdO(_, _, _, do_state.index()), tdVrdV);
@@ -215,6 +221,7 @@ struct BwdBlockMma {
       }
       cutlass::arch::fence_view_async_shared();  // the writes, visible to the tensor cores
       cutlass::arch::NamedBarrier::sync(256, static_cast<std::uint32_t>(BwdBarrier::kDsReady));
+      clock.mark(BwdPhase::kDsShared);
       issue_ss(mma_dq, tDQrdS(_, _, _, ds_stage), tDQrK, tdQrdQ);
     }
     issue_rs(mma_kv, tKVrdS, tKVrQ(_, _, _, q_state.index()), tdKrdK);
@@ -222,6 +229,7 @@ struct BwdBlockMma {
     if constexpr (Cfg::kAccumulateDq) warpgroup_fence_operand(tdQrdQ);
     pipe_do.consumer_release(do_state);
     ++do_state;
+    clock.mark(BwdPhase::kDqDk);
 
     // This group's half of dQ into its staging tile, in the 128-byte swizzle of the TMA map (the
     // 16-byte chunk index XOR the row mod 8), once the writer's reductions have read the last
@@ -232,6 +240,7 @@ struct BwdBlockMma {
     // may belong to another entry (or attend keys whose values are not finite).
     if constexpr (Cfg::kAccumulateDq) {
       wait_dq_tile_free<Cfg>(half);
+      clock.mark(BwdPhase::kDqFree);
       float* dq_stage = ss.dq.data() + half * kBlockM * Cfg::kDqCols;
       CUTLASS_PRAGMA_UNROLL
       for (int h = 0; h < 2; ++h) {
@@ -249,12 +258,14 @@ struct BwdBlockMma {
         }
       }
       hand_over_dq_tile<Cfg>(half);
+      clock.mark(BwdPhase::kDqStage);
     }
     warpgroup_wait<0>();  // dK done: Q is no longer read
     warpgroup_fence_operand(tdKrdK);
     pipe_q.consumer_release(q_state);
     ++q_state;
     ds_stage ^= 1;
+    clock.mark(BwdPhase::kDkWait);
   }
 };
 
