@@ -44,7 +44,11 @@ tflops() {  # cli spec -> TFLOPS of one bench call, in the direction compared
     --head-dim 128 --dtype bf16 --warmup 2 --repeat 5 "${bwd_flag[@]}" |
     sed -n "s/.* dir=$dir .*TFLOPS=\([0-9.]*\).*/\1/p"
 }
-median() { tr ' ' '\n' | sort -g | awk '{v[NR]=$1} END {print v[int((NR+1)/2)]}'; }
+# The middle value; with an even count, the mean of the middle two (not the lower one).
+median() {
+  tr ' ' '\n' | sort -g |
+    awk '{v[NR]=$1} END {print (NR % 2) ? v[(NR+1)/2] : (v[NR/2] + v[NR/2+1]) / 2}'
+}
 {
   echo "A: $label (this tree), B: $base; $dir, GQA $heads:$heads_kv, hd128, bf16, $rounds rounds"
   printf '%-22s %10s %10s %8s   %s\n' mask "A TFLOPS" "B TFLOPS" "A/B" "rounds (A B)"
