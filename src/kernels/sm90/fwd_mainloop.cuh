@@ -106,8 +106,8 @@ struct FwdMainloop {
   using MmaPV = typename Cfg::MmaPV;
   static constexpr int kHeadDim = Cfg::kHeadDim;
   template <class Layout>
-  using Smem = decltype(cute::make_tensor(cute::make_smem_ptr(static_cast<Element*>(nullptr)),
-                                          Layout{}));
+  using Smem =
+      decltype(cute::make_tensor(cute::make_smem_ptr(static_cast<Element*>(nullptr)), Layout{}));
   using ThrQK = decltype(std::declval<MmaQK&>().get_thread_slice(0));
   using ThrPV = decltype(std::declval<MmaPV&>().get_thread_slice(0));
   // O goes to shared memory with stmatrix (16 bytes per instruction, shared-space addresses).
@@ -184,7 +184,8 @@ struct FwdMainloop {
     static_assert(decltype(cute::size(tSrS))::value == kBlockN / 2 &&
                   decltype(cute::size(tOrO))::value == kHeadDim / 2);
     // The second group's first arrival lets the first one start.
-    if (wg == 2) cutlass::arch::NamedBarrier::arrive(256, static_cast<std::uint32_t>(FwdBarrier::kTurn));
+    if (wg == 2)
+      cutlass::arch::NamedBarrier::arrive(256, static_cast<std::uint32_t>(FwdBarrier::kTurn));
   }
   template <class Layout>
   __device__ __forceinline__ static auto smem(Element* data, Layout layout) {
