@@ -88,16 +88,9 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
     prefetch_tma_descriptor(&p.tma_v);
     auto q_state = cutlass::make_producer_start_state<PipelineQ>();
     auto kv_state = cutlass::make_producer_start_state<PipelineKV>();
-    auto item_state = cutlass::make_producer_start_state<PipelineItem>();
-    using Items = typename Cfg::Items;
-    for (int i = blockIdx.x;; i = Items::next(p.work.scheduler)) {
-      Items::publish(pipe_item, item_state, ss.items, i);
-      if (i >= p.items) {
-        Items::retire(p.work.scheduler);
-        break;
-      }
+    Cfg::Items::produce(pipe_item, ss.items, p.work.scheduler, p.items, [&](int i) {
       const detail::BwdDqItem it = detail::decode_bwd_dq_item(p, i);
-      if (it.e_begin == it.e_end) continue;
+      if (it.e_begin == it.e_end) return;
       const int row0 = it.tile * kBlockM;
       pipe_q.producer_acquire(q_state);
       auto* bar_q = pipe_q.producer_get_barrier(q_state);
@@ -126,7 +119,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
           ++kv_state;
         }
       }
-    }
+    });
     return;
   }
 

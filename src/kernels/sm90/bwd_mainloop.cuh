@@ -36,7 +36,6 @@ __device__ __forceinline__ void load_bwd_items(const BwdParams& p, typename Cfg:
   using Element = typename Cfg::Element;
   using PipelineQ = typename Cfg::PipelineQ;
   using PipelineKV = typename Cfg::PipelineKV;
-  using PipelineItem = typename Cfg::PipelineItem;
   constexpr int kHeadDim = Cfg::kHeadDim;
   constexpr int kBlockM = Cfg::kBlockM;
   constexpr int kBlockN = Cfg::kBlockN;
@@ -49,17 +48,9 @@ __device__ __forceinline__ void load_bwd_items(const BwdParams& p, typename Cfg:
   auto q_state = cutlass::make_producer_start_state<PipelineQ>();
   auto do_state = cutlass::make_producer_start_state<PipelineQ>();
   auto kv_state = cutlass::make_producer_start_state<PipelineKV>();
-  auto item_state = cutlass::make_producer_start_state<PipelineItem>();
-  using Items = typename Cfg::Items;
-  for (int i = blockIdx.x;; i = Items::next(p.work.scheduler)) {
-    Items::publish(pipe_item, item_state, ss.items, i);
-    if (i >= p.items) {
-      Items::retire(p.work.scheduler);
-      allow_next_kernel_to_launch();  // the dq conversion, queued behind
-      break;
-    }
+  Cfg::Items::produce(pipe_item, ss.items, p.work.scheduler, p.items, [&](int i) {
     const BwdItem it = decode_bwd_item(p, i);
-    if (it.e_begin == it.e_end) continue;
+    if (it.e_begin == it.e_end) return;
     pipe_kv.producer_acquire(kv_state);
     auto* bar_kv = pipe_kv.producer_get_barrier(kv_state);
     load_tile<Cfg::kPanels, kBlockN>(&p.tma_k, bar_kv, ss.k.data(), it.tile * kBlockN, it.kv_head);
@@ -83,7 +74,8 @@ __device__ __forceinline__ void load_bwd_items(const BwdParams& p, typename Cfg:
                                Cfg::kStatsBytes);
       ++do_state;
     });
-  }
+  });
+  allow_next_kernel_to_launch();  // the dq conversion, queued behind
 }
 
 template <class Cfg>

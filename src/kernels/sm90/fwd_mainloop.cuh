@@ -47,7 +47,6 @@ __device__ __forceinline__ void load_fwd_items(const FwdParams& p, typename Cfg:
   using Element = typename Cfg::Element;
   using PipelineQ = typename Cfg::PipelineQ;
   using PipelineKV = typename Cfg::PipelineKV;
-  using PipelineItem = typename Cfg::PipelineItem;
   constexpr int kHeadDim = Cfg::kHeadDim;
   prefetch_tma_descriptor(&p.tma_q);
   if (p.seqlen_k > 0) {  // without keys the K/V maps are left empty
@@ -58,16 +57,9 @@ __device__ __forceinline__ void load_fwd_items(const FwdParams& p, typename Cfg:
   auto q_state = cutlass::make_producer_start_state<PipelineQ>();
   auto k_state = cutlass::make_producer_start_state<PipelineKV>();
   auto v_state = cutlass::make_producer_start_state<PipelineKV>();
-  auto item_state = cutlass::make_producer_start_state<PipelineItem>();
-  using Items = typename Cfg::Items;
-  for (int i = blockIdx.x;; i = Items::next(p.work.scheduler)) {
-    Items::publish(pipe_item, item_state, ss.items, i);
-    if (i >= p.items) {
-      Items::retire(p.work.scheduler);
-      break;
-    }
+  Cfg::Items::produce(pipe_item, ss.items, p.work.scheduler, p.items, [&](int i) {
     const detail::Item it = decode_item(p, i);
-    if (it.e_begin == it.e_end) continue;
+    if (it.e_begin == it.e_end) return;
     pipe_q.producer_acquire(q_state);
     Element* q_dst = ss.q.data() + q_state.index() * kBlockM * kHeadDim;
     for (int c = 0; c < Cfg::kPanels; ++c)
@@ -91,7 +83,7 @@ __device__ __forceinline__ void load_fwd_items(const FwdParams& p, typename Cfg:
         ++v_state;
       }
     }
-  }
+  });
 }
 
 // A consumer warp group's part of the forward: its 64 rows of the tile, the block cursor over the

@@ -40,6 +40,22 @@ struct ItemQueue {
     pipe.producer_commit(state);
     ++state;
   }
+  // Producer: takes items from the scheduler (this CTA's first is its index), hands each to the
+  // consumers and calls load(i) for it; after the last, hands over the end and counts this CTA
+  // out.
+  template <class Load>
+  static __device__ __forceinline__ void produce(Pipeline& pipe, SharedStorage& ss, int* counters,
+                                                 int items, Load&& load) {
+    auto state = cutlass::make_producer_start_state<Pipeline>();
+    for (int i = blockIdx.x;; i = next(counters)) {
+      publish(pipe, state, ss, i);
+      if (i >= items) {
+        retire(counters);
+        return;
+      }
+      load(i);
+    }
+  }
   // The pipeline's parameters: one producer thread, `consumers` consumer threads.
   static __device__ __forceinline__ typename Pipeline::Params params(bool producer, int consumers) {
     typename Pipeline::Params ip;
