@@ -19,8 +19,8 @@
 #include "kernels/sm90/bwd_items.cuh"
 #include "kernels/sm90/bwd_params.h"
 #include "kernels/sm90/bwd_softmax.cuh"
-#include "kernels/sm90/bwd_trace.cuh"
 #include "kernels/sm90/kernel_common.cuh"
+#include "kernels/sm90/phase_clock.cuh"
 #include "kernels/sm90/tile_scheduler.cuh"
 #include "kernels/worklist/worklist.h"
 
@@ -78,6 +78,22 @@ __device__ __forceinline__ void load_bwd_items(const BwdParams& p, typename Cfg:
   allow_next_kernel_to_launch();  // the dq conversion, queued behind
 }
 
+// The phases of a consumer group's q block, for the phase clocks (phase_clock.cuh).
+enum class BwdPhase : int {
+  kScores,    // wait for Q and dO, issue S^T and dP^T, wait for S^T
+  kProbs,     // P^T: mask, exponentiate
+  kGrads,     // wait for dP^T, dS^T, both converted to the input dtype
+  kDsShared,  // issue dV, dS^T to shared memory, the dS barrier of both groups
+  kDqDk,      // issue dQ and dK, wait for dV and dQ
+  kDqFree,    // wait until the dQ writer has read this group's last staged tile
+  kDqStage,   // stage dQ, hand it over
+  kDkWait,    // wait for dK, release Q
+  kCount
+};
+inline constexpr const char* kBwdPhaseNames[] = {"scores", "probs",   "grads",    "ds-shared",
+                                                 "dq-dk",  "dq-free", "dq-stage", "dk-wait"};
+static_assert(sizeof(kBwdPhaseNames) / sizeof(kBwdPhaseNames[0]) == int(BwdPhase::kCount));
+
 template <class Cfg>
 struct BwdBlockMma {
   using Element = typename Cfg::Element;
@@ -108,7 +124,7 @@ struct BwdBlockMma {
   int row_in_group, col_base;
   typename PipelineQ::PipelineState q_state, do_state;
   int ds_stage = 0;
-  PhaseClock clock;  // empty unless FLEXCP_SM90_BWD_TRACE
+  PhaseClock<BwdPhase, ClockedKernel::kBackward> clock;  // empty unless FLEXCP_SM90_PHASE_CLOCKS
 
   // ctid: 0..255 over both consumer warp groups.
   __device__ __forceinline__ BwdBlockMma(int ctid, int half_)

@@ -72,6 +72,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
   detail::FwdMainloop<Cfg> ml(p, ss, pipe_q, pipe_k, pipe_v, wg, threadIdx.x - 128);
   typename PipelineItem::PipelineState item_state;
   auto take_item = [&]() { return Cfg::Items::take(pipe_item, item_state, ss.items); };
+  ml.clock.start();
 
   // Items follow one another on the tensor cores without a gap: the turn that runs an item's last
   // P V also runs the next item's first S, and this group's epilogue then overlaps the other
@@ -102,16 +103,24 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
       // P V (the other group runs its softmax meanwhile); this group's softmax of S then
       // overlaps its own P V, and O is rescaled once that product has landed.
       while (!last) {
+        ml.clock.block();
         ml.wait_k();
         ml.wait_v();
+        ml.clock.mark(detail::FwdPhase::kLoads);
         ml.turn_s_pv();
+        ml.clock.mark(detail::FwdPhase::kTurn);
         ml.template wait_s<1>();
+        ml.clock.mark(detail::FwdPhase::kWaitS);
         ml.release_k();
         last = ml.take_block();
         ml.softmax();
+        ml.clock.mark(detail::FwdPhase::kSoftmax);
         ml.wait_pv_and_rescale();
+        ml.clock.mark(detail::FwdPhase::kWaitPv);
         ml.release_v();
         ml.convert_p();
+        ml.clock.mark(detail::FwdPhase::kConvert);
+        ml.clock.end_block();
       }
       // The last block's P V, with the next item's first S when it has blocks.
       i = take_item();
@@ -146,6 +155,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
     }
   }
   if (threadIdx.x % 128 == 0) tma_store_wait<0>();
+  ml.clock.report(wg - 1);
 }
 
 }  // namespace flexcp::sm90

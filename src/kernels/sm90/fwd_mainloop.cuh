@@ -18,6 +18,7 @@
 #include "kernels/sm90/fwd_params.h"
 #include "kernels/sm90/fwd_softmax.cuh"
 #include "kernels/sm90/kernel_common.cuh"
+#include "kernels/sm90/phase_clock.cuh"
 #include "kernels/sm90/tile_scheduler.cuh"
 
 namespace flexcp::sm90::detail {
@@ -86,6 +87,21 @@ __device__ __forceinline__ void load_fwd_items(const FwdParams& p, typename Cfg:
   });
 }
 
+// The phases of a consumer group's key block after an item's first, for the phase clocks
+// (phase_clock.cuh).
+enum class FwdPhase : int {
+  kLoads,    // wait for K and V
+  kTurn,     // wait for this group's turn on the tensor cores, issue S and the last P V
+  kWaitS,    // wait for S
+  kSoftmax,  // move the cursor on, mask, online softmax
+  kWaitPv,   // wait for the last P V, rescale O
+  kConvert,  // release V, P to the input dtype
+  kCount
+};
+inline constexpr const char* kFwdPhaseNames[] = {"loads",   "turn",    "wait-s",
+                                                 "softmax", "wait-pv", "convert"};
+static_assert(sizeof(kFwdPhaseNames) / sizeof(kFwdPhaseNames[0]) == int(FwdPhase::kCount));
+
 // A consumer warp group's part of the forward: its 64 rows of the tile, the block cursor over the
 // item's entries, the products it issues in its turns on the tensor cores, its softmax and its
 // epilogue. The kernel's item loop calls these steps in order (fwd_kernel.cuh).
@@ -146,6 +162,7 @@ struct FwdMainloop {
   EntryMask blk_mask = EntryMask::kNone;
   // The softmax's rescale of what O accumulated before.
   float correction[2];
+  PhaseClock<FwdPhase, ClockedKernel::kForward> clock;  // empty unless FLEXCP_SM90_PHASE_CLOCKS
 
   // wg: this consumer's warp group (1 or 2); ctid: 0..255 over both consumer warp groups.
   __device__ __forceinline__ FwdMainloop(const FwdParams& p_, typename Cfg::SharedStorage& ss_,

@@ -1,10 +1,10 @@
 #!/usr/bin/env bash
-# On a GPU host: where the backward's block loop spends its cycles (src/kernels/sm90/bwd_trace.cuh).
-# Builds build/trace (bf16, head dim 128 only, FLEXCP_SM90_BWD_TRACE on), runs one backward per
-# case (GQA 64:8) and prints, per consumer group of the first CTAs, each phase's share of the
-# cycles and its cycles per q block (scripts/bwd-phases.py).
-#   scripts/gpu-bwd-phases.sh OUT [case...]    cases: full-4k causal-4k full-32k causal-32k
-#                                              varlen-causal-32k (default: all five)
+# On a GPU host: where the kernels' block loops spend their cycles (src/kernels/sm90/phase_clock.cuh).
+# Builds build/trace (bf16, head dim 128 only, FLEXCP_SM90_PHASE_CLOCKS on), runs one forward and
+# backward per case (GQA 64:8) and prints, per consumer group of the first CTAs, each phase's
+# cycles per block and its share of the group's cycles (scripts/phases.py).
+#   scripts/gpu-phases.sh OUT [case...]    cases: full-4k causal-4k full-32k causal-32k
+#                                          varlen-causal-32k (default: all five)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 out=${1:?output folder}
@@ -14,10 +14,10 @@ read -r -a cases <<< "${cases[*]}"
 mkdir -p "$out"
 cmake -S . -B build/trace -G Ninja -DCMAKE_BUILD_TYPE=Release -DFLEXCP_BUILD_TESTS=OFF \
   -DFLEXCP_BUILD_BENCH=OFF -DFLEXCP_SM90_DTYPES=bf16 -DFLEXCP_SM90_HEAD_DIMS=128 \
-  -DCMAKE_CUDA_FLAGS=-DFLEXCP_SM90_BWD_TRACE > "$out/trace-build.log" 2>&1
+  -DCMAKE_CUDA_FLAGS=-DFLEXCP_SM90_PHASE_CLOCKS > "$out/trace-build.log" 2>&1
 cmake --build build/trace -j "$(nproc)" --target flexcp_cli >> "$out/trace-build.log" 2>&1 ||
   { tail -30 "$out/trace-build.log"; exit 1; }
-grep -E "bwd_kernel|spill|C75" "$out/trace-build.log" | head -20 || true
+grep -E "C75" "$out/trace-build.log" | head -5 || true
 cli=build/trace/tools/flexcp/flexcp
 for c in "${cases[@]}"; do
   mask=${c%-*} len=${c##*-}
@@ -26,5 +26,5 @@ for c in "${cases[@]}"; do
   "$cli" bench --device cuda --heads 64 --heads-kv 8 --head-dim 128 --warmup 0 --repeat 1 \
     --backward --mask "$mask" --seqlen "$len" > "$out/phases-$c.txt" 2>&1 ||
     { tail -5 "$out/phases-$c.txt"; continue; }
-  python3 scripts/bwd-phases.py < "$out/phases-$c.txt"
+  python3 scripts/phases.py < "$out/phases-$c.txt"
 done

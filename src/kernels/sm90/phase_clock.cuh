@@ -1,0 +1,93 @@
+// A developer's diagnostic for the kernels' block loops: the SM cycles each consumer warp group
+// spends in each phase of a block, summed over a launch by the first CTAs' groups and printed
+// after the launch (`<kernel>-phases ...` lines, scripts/phases.py). Compiled in only with
+// -DFLEXCP_SM90_PHASE_CLOCKS (e.g. CMAKE_CUDA_FLAGS; the run script is scripts/gpu-phases.sh);
+// otherwise every call is empty and the kernels' code is unchanged. Nsight Compute's stall
+// samples say which instructions wait; this says how long a block's phases take, in order.
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <cstdio>
+
+namespace flexcp::sm90::detail {
+
+enum class ClockedKernel : int { kForward, kBackward };
+
+#ifdef FLEXCP_SM90_PHASE_CLOCKS
+constexpr int kClockCtas = 2;     // the CTAs whose groups report
+constexpr int kClockFields = 16;  // blocks, total, outside, then the phases
+// Written by the groups at their end, read after the launch: a printf in the kernel would be a
+// call, across which ptxas serialises every wgmma (C7510).
+static __device__ unsigned g_phase_sums[2][kClockCtas][2][kClockFields];
+#endif
+
+// Phase: an enum class whose last enumerator is kCount. A block's phases are marked in order;
+// marks outside a block (between end_block() and the next block()) count as outside blocks.
+template <class Phase, ClockedKernel kKernel>
+struct PhaseClock {
+#ifdef FLEXCP_SM90_PHASE_CLOCKS
+  static_assert(3 + int(Phase::kCount) <= kClockFields);
+  unsigned sum[int(Phase::kCount)] = {};
+  unsigned last = 0, begin = 0, blocks = 0;
+  bool in_block = false;
+  __device__ static unsigned now() {
+    unsigned t;
+    asm volatile("mov.u32 %0, %%clock;" : "=r"(t)::"memory");
+    return t;
+  }
+  __device__ void start() {
+    begin = last = now();
+  }
+  __device__ void block() {  // what passed since the last block's end is the item loop's
+    last = now();
+    in_block = true;
+    ++blocks;
+  }
+  __device__ void end_block() {
+    in_block = false;
+  }
+  __device__ void mark(Phase phase) {
+    const unsigned t = now();
+    if (in_block) sum[int(phase)] += t - last;
+    last = t;
+  }
+  __device__ void report(int group) const {
+    if (blockIdx.x >= kClockCtas || threadIdx.x % 128 != 0) return;
+    unsigned in_blocks = 0;
+    for (unsigned s : sum) in_blocks += s;
+    const unsigned total = now() - begin;
+    unsigned* out = g_phase_sums[int(kKernel)][blockIdx.x][group];
+    out[0] = blocks;
+    out[1] = total;
+    out[2] = total - in_blocks;
+    for (int i = 0; i < int(Phase::kCount); ++i) out[3 + i] = sum[i];
+  }
+#else
+  __device__ __forceinline__ void start() {}
+  __device__ __forceinline__ void block() {}
+  __device__ __forceinline__ void end_block() {}
+  __device__ __forceinline__ void mark(Phase) {}
+  __device__ __forceinline__ void report(int) const {}
+#endif
+};
+
+#ifdef FLEXCP_SM90_PHASE_CLOCKS
+// After a launch (synchronises): one line per reporting group, `prefix` and the phases' names.
+inline void print_phases(ClockedKernel kernel, const char* prefix, const char* const* phase_names,
+                         int phases) {
+  unsigned v[kClockCtas][2][kClockFields];
+  if (cudaDeviceSynchronize() != cudaSuccess ||
+      cudaMemcpyFromSymbol(v, g_phase_sums, sizeof v, sizeof v * int(kernel)) != cudaSuccess)
+    return;
+  for (int c = 0; c < kClockCtas; ++c)
+    for (int g = 0; g < 2; ++g) {
+      std::printf("%s cta %d group %d blocks %u total %u outside-blocks %u", prefix, c, g,
+                  v[c][g][0], v[c][g][1], v[c][g][2]);
+      for (int f = 0; f < phases; ++f) std::printf(" %s %u", phase_names[f], v[c][g][3 + f]);
+      std::printf("\n");
+    }
+}
+#endif
+
+}  // namespace flexcp::sm90::detail
