@@ -80,7 +80,9 @@ __device__ __forceinline__ void load_bwd_items(const BwdParams& p, typename Cfg:
 
 // The phases of a consumer group's q block, for the phase clocks (phase_clock.cuh).
 enum class BwdPhase : int {
-  kScores,    // wait for Q and dO, issue S^T and dP^T, wait for S^T
+  kWaitQ,     // wait for Q (and lse2): the producer's load
+  kWaitDo,    // issue S^T, wait for dO (and delta)
+  kScores,    // issue dP^T, wait for S^T
   kProbs,     // P^T: mask, exponentiate
   kGrads,     // wait for dP^T, dS^T, both converted to the input dtype
   kDsShared,  // issue dV, dS^T to shared memory, the dS barrier of both groups
@@ -90,8 +92,9 @@ enum class BwdPhase : int {
   kDkWait,    // wait for dK, release Q
   kCount
 };
-inline constexpr const char* kBwdPhaseNames[] = {"scores", "probs",   "grads",    "ds-shared",
-                                                 "dq-dk",  "dq-free", "dq-stage", "dk-wait"};
+inline constexpr const char* kBwdPhaseNames[] = {"wait-q",   "wait-do",   "scores", "probs",
+                                                 "grads",    "ds-shared", "dq-dk",  "dq-free",
+                                                 "dq-stage", "dk-wait"};
 static_assert(sizeof(kBwdPhaseNames) / sizeof(kBwdPhaseNames[0]) == int(BwdPhase::kCount));
 
 template <class Cfg>
@@ -200,8 +203,10 @@ struct BwdBlockMma {
         as_position_independent_swizzle_tensor(smem(ss.ds.data(), typename Cfg::SmemLayoutDst{})));
     clock.block();
     pipe_q.consumer_wait(q_state);
+    clock.mark(BwdPhase::kWaitQ);
     issue_ss(mma_sdp, tSrK, tSrQ(_, _, _, q_state.index()), tSrS);
     pipe_do.consumer_wait(do_state);
+    clock.mark(BwdPhase::kWaitDo);
     issue_ss(mma_sdp, tSrV, tSrdO(_, _, _, do_state.index()), tSrdP);
     warpgroup_wait<1>();
     warpgroup_fence_operand(tSrS);
