@@ -1,7 +1,8 @@
 // The sm90 backward's units: every q block of every (key tile, kv head) item walked by exactly one
 // unit, the units of a split item consecutive and in order, partial slots and counters distinct;
 // items split where the simulation says the GPU would wait on one of them, and left whole where it
-// would not.
+// would not. The walks (bwd_walk.h, the kernel's own function) against their definition, written
+// out as nested loops, split anywhere.
 #include "kernels/worklist/bwd_units.h"
 
 #include <gtest/gtest.h>
@@ -10,9 +11,12 @@
 #include <random>
 #include <set>
 #include <stdexcept>
+#include <tuple>
 #include <utility>
+#include <vector>
 
 #include "kernels/tiles.h"
+#include "kernels/worklist/bwd_walk.h"
 #include "test_util.h"
 
 namespace flexcp {
@@ -120,6 +124,119 @@ TEST(BwdUnits, LongFullIsLeftWhole) {
     EXPECT_EQ(u.units[i].tile, cols.tile_order[i % cols.tile_order.size()]);
   }
   EXPECT_EQ(u.predicted, u.predicted_unsplit);
+}
+
+// A visit of the walk: q head, first row, and the entry's interval.
+using Visit = std::tuple<int, std::int64_t, std::int64_t, std::int64_t>;
+
+// The walks as BwdWalk defines them, one item whole: nested loops.
+std::vector<Visit> defined_walk(const WorkList& cols, std::int64_t tile, int kv_head, int group,
+                                BwdWalk walk) {
+  const std::int64_t rows = tiles::kSm90BwdBlockM;
+  std::vector<Visit> v;
+  const std::int64_t e0 = cols.tile_offsets[tile], e1 = cols.tile_offsets[tile + 1];
+  const auto blocks = [&](const WorkEntry& en) { return (en.end - en.begin + rows - 1) / rows; };
+  if (walk == BwdWalk::kHeadsOuter) {
+    for (int j = 0; j < group; ++j)
+      for (std::int64_t e = e0; e < e1; ++e)
+        for (std::int64_t b = 0; b < blocks(cols.entries[e]); ++b) {
+          const WorkEntry& en = cols.entries[e];
+          v.emplace_back(kv_head * group + j, en.begin + b * rows, en.begin, en.end);
+        }
+  } else {
+    for (std::int64_t e = e1 - 1; e >= e0; --e)
+      for (std::int64_t b = blocks(cols.entries[e]) - 1; b >= 0; --b)
+        for (int j = 0; j < group; ++j) {
+          const WorkEntry& en = cols.entries[e];
+          v.emplace_back(kv_head * group + j, en.begin + b * rows, en.begin, en.end);
+        }
+  }
+  return v;
+}
+
+std::vector<Visit> walked(const WorkList& cols, const BwdUnit& unit, int group) {
+  std::vector<Visit> v;
+  walk_bwd_unit(
+      unit, cols.entries.data(), static_cast<int>(cols.tile_offsets[unit.tile]),
+      static_cast<int>(cols.tile_offsets[unit.tile + 1]), group, tiles::kSm90BwdBlockM,
+      [&](int hq, int c0, const WorkEntry& en) { v.emplace_back(hq, c0, en.begin, en.end); });
+  return v;
+}
+
+// Both walks, the planner's units of every item (split or not) and the item cut at random points,
+// on random masks (empty entries and tiles among them): the units' walks, one after the other, are
+// the item's walk as defined.
+TEST(BwdWalk, UnitsWalkTheirPartOfTheDefinedOrder) {
+  std::mt19937_64 rng(47);
+  for (int iter = 0; iter < 40; ++iter) {
+    const std::int64_t t = 1 + static_cast<std::int64_t>(rng() % 2000);
+    const Mask mask = test::random_mask(rng, t, t);
+    const WorkList cols = key_tiles(mask);
+    for (const int group : {1, 3, 8}) {
+      const BwdUnitOptions o = options(static_cast<int>(1 + rng() % 200), 2, group);
+      const BwdUnits u = plan_bwd_units(cols, o);
+      for (const BwdWalk walk : {BwdWalk::kHeadsOuter, BwdWalk::kHeadsInnerFromLast}) {
+        std::map<std::pair<int, int>, std::vector<Visit>> by_item;
+        for (BwdUnit unit : u.units) {
+          unit.walk = walk;
+          const std::vector<Visit> v = walked(cols, unit, group);
+          EXPECT_EQ(static_cast<std::int64_t>(v.size()), unit.block_end - unit.block_begin);
+          auto& all = by_item[{unit.tile, unit.kv_head}];
+          all.insert(all.end(), v.begin(), v.end());
+        }
+        for (const auto& [item, v] : by_item) {
+          SCOPED_TRACE("t=" + std::to_string(t) + " group=" + std::to_string(group) + " tile " +
+                       std::to_string(item.first) + " walk " + std::to_string(int(walk)));
+          const std::vector<Visit> want = defined_walk(cols, item.first, item.second, group, walk);
+          ASSERT_EQ(v, want);
+          // Cut anywhere: two units of the whole.
+          const auto cut = static_cast<std::int32_t>(want.empty() ? 0 : rng() % want.size());
+          BwdUnit a{.tile = item.first,
+                    .kv_head = item.second,
+                    .block_begin = 0,
+                    .block_end = cut,
+                    .walk = walk};
+          BwdUnit b = a;
+          b.block_begin = cut;
+          b.block_end = static_cast<std::int32_t>(want.size());
+          std::vector<Visit> both = walked(cols, a, group);
+          const std::vector<Visit> rest = walked(cols, b, group);
+          both.insert(both.end(), rest.begin(), rest.end());
+          ASSERT_EQ(both, want) << "cut at " << cut;
+        }
+      }
+    }
+  }
+}
+
+// Tiles whose walks end on the same row walk from the last block, every head on a block before
+// the next: causal and document masks, full attention. A sliding window's tiles end a tile apart
+// and walk head by head, except the last ones of a document, which end with it.
+TEST(BwdWalk, TilesThatEndTogetherWalkFromTheLast) {
+  for (const Mask& mask : {masks::causal(4096, 4096), masks::full(4096, 4096),
+                           masks::varlen_causal({3000, 1100, 5000})}) {
+    const WorkList cols = key_tiles(mask);
+    for (std::int64_t t = 0; t < cols.num_tiles(); ++t)
+      EXPECT_EQ(bwd_tile_walk(cols, t), BwdWalk::kHeadsInnerFromLast) << "tile " << t;
+  }
+  const WorkList window =
+      key_tiles(masks::sliding_window({32768}, 1024, masks::WindowKind::kCausal));
+  const std::int64_t n = window.num_tiles();
+  for (std::int64_t t = 0; t < n; ++t)
+    EXPECT_EQ(bwd_tile_walk(window, t),
+              t < n - 8 ? BwdWalk::kHeadsOuter : BwdWalk::kHeadsInnerFromLast)
+        << "tile " << t;
+}
+
+// The plans walk from the last block where their units fit in two waves on the SMs (causal 4K:
+// 256 units on 132 SMs), and head by head where they do not (causal 32K: 2048).
+TEST(BwdWalk, OnlyPlansOfTwoWavesWalkFromTheLast) {
+  for (const auto& [t, want] :
+       {std::pair{4096, BwdWalk::kHeadsInnerFromLast}, {32768, BwdWalk::kHeadsOuter}}) {
+    const auto [cols, u] = planned_on_h200(masks::causal(t, t));
+    EXPECT_EQ(u.units.size() <= 2 * 132, want == BwdWalk::kHeadsInnerFromLast);
+    for (const BwdUnit& unit : u.units) EXPECT_EQ(unit.walk, want) << "t=" << t;
+  }
 }
 
 // One item of 2^31 blocks: the kernel's 32-bit block indices cannot walk it.

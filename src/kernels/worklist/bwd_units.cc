@@ -33,6 +33,7 @@ struct Item {
   std::int32_t tile;
   std::int32_t kv_head;
   std::int64_t blocks;
+  BwdWalk walk;
 };
 
 // The persistent scheduler: the next unit goes to the SM that is free first.
@@ -65,6 +66,7 @@ BwdUnits cut(const std::vector<Item>& items, double target, int sms) {
       BwdUnit unit;
       unit.tile = it.tile;
       unit.kv_head = it.kv_head;
+      unit.walk = it.walk;
       unit.block_begin = static_cast<std::int32_t>(it.blocks * s / splits);
       unit.block_end = static_cast<std::int32_t>(it.blocks * (s + 1) / splits);
       unit.splits = static_cast<std::int32_t>(splits);
@@ -97,13 +99,28 @@ std::int64_t bwd_item_blocks(const WorkList& cols, std::int64_t tile, const BwdU
   return blocks * o.group;
 }
 
+BwdWalk bwd_tile_walk(const WorkList& cols, std::int64_t tile) {
+  const auto last_row = [&cols](std::int64_t t) {
+    std::int64_t end = -1;  // no entries: shares nothing
+    for (std::int64_t e = cols.tile_offsets[t]; e < cols.tile_offsets[t + 1]; ++e)
+      end = std::max(end, cols.entries[e].end);
+    return end;
+  };
+  const std::int64_t end = last_row(tile);
+  const bool shared = end >= 0 && ((tile > 0 && last_row(tile - 1) == end) ||
+                                   (tile + 1 < cols.num_tiles() && last_row(tile + 1) == end));
+  return shared ? BwdWalk::kHeadsInnerFromLast : BwdWalk::kHeadsOuter;
+}
+
 BwdUnits plan_bwd_units(const WorkList& cols, const BwdUnitOptions& o) {
   std::vector<Item> items;  // kv head by kv head, busiest tile first
   items.reserve(static_cast<std::size_t>(cols.num_tiles() * o.heads_kv));
   std::vector<std::int64_t> blocks(cols.tile_order.size());
+  std::vector<BwdWalk> walks(cols.tile_order.size());
   double work = 0;
   for (std::size_t t = 0; t < blocks.size(); ++t) {
     blocks[t] = bwd_item_blocks(cols, static_cast<std::int64_t>(t), o);
+    walks[t] = bwd_tile_walk(cols, static_cast<std::int64_t>(t));
     if (blocks[t] > std::numeric_limits<std::int32_t>::max())
       throw std::length_error("key tile " + std::to_string(t) + " has " +
                               std::to_string(blocks[t]) +
@@ -112,7 +129,7 @@ BwdUnits plan_bwd_units(const WorkList& cols, const BwdUnitOptions& o) {
   }
   for (std::int64_t h = 0; h < o.heads_kv; ++h)
     for (const std::int32_t t : cols.tile_order) {
-      items.push_back({t, static_cast<std::int32_t>(h), blocks[t]});
+      items.push_back({t, static_cast<std::int32_t>(h), blocks[t], walks[t]});
       work += double(blocks[t]) + kUnitOverhead;
     }
   constexpr double kNoSplit = std::numeric_limits<double>::infinity();
@@ -136,6 +153,9 @@ BwdUnits plan_bwd_units(const WorkList& cols, const BwdUnitOptions& o) {
     if (best_predicted < unsplit * (1 - kMinGain)) best = std::move(chosen);
   }
   best.predicted_unsplit = unsplit;
+  // Past the first waves, units start one by one as SMs free up, out of step (BwdWalk).
+  if (best.units.size() > static_cast<std::size_t>(kInnerWalkWaves) * o.sms)
+    for (BwdUnit& unit : best.units) unit.walk = BwdWalk::kHeadsOuter;
   return best;
 }
 

@@ -14,14 +14,34 @@
 
 namespace flexcp {
 
-// One unit: the q blocks [block_begin, block_end) of its item's walk, which takes the q heads of
-// the kv head's group in order, then the tile's entries, then each entry's blocks of `block_rows`
-// rows from its begin.
+// How an item walks its q blocks (one block: `block_rows` rows of one q head; bwd_walk.h). The
+// units of one kv head run side by side on the SMs, one per key tile; the walk keeps them reading
+// the same Q and dO blocks, and adding into the same rows of dQ, at about the same time, so that
+// L2 serves each block once instead of HBM once per tile. Which walk does that depends on the
+// mask:
+enum class BwdWalk : std::int32_t {
+  // The q heads of the group in turn, each through the tile's entries from the first and each
+  // entry from its first row: tiles whose walks are as long as their neighbours' but shifted
+  // (sliding windows) stay a block or two apart, head after head.
+  kHeadsOuter = 0,
+  // The entries from the last, each entry from its last block, every q head of the group on a
+  // block before the next: tiles whose walks end at the same row (causal and document masks,
+  // full attention) and start together stay on the same block, however long each walk is. Taken
+  // head by head, walks of unequal length drift apart by whole heads, and Q, dO and dQ of every
+  // head in flight stop fitting in L2 (measured: a causal 4K block waited ~1000 cycles for its Q
+  // and dO; this walk halves the wait, bench/results/h200-backward-2026-12-03.md section 8).
+  // Only the first wave of units starts together: plans of more than kInnerWalkWaves waves walk
+  // head by head throughout (with 15 waves, varlen causal 32K measured 8% slower this way).
+  kHeadsInnerFromLast = 1,
+};
+
+// One unit: the q blocks [block_begin, block_end) of its item's walk.
 struct BwdUnit {
   std::int32_t tile = 0;
   std::int32_t kv_head = 0;
   std::int32_t block_begin = 0;
   std::int32_t block_end = 0;
+  BwdWalk walk = BwdWalk::kHeadsOuter;
   std::int32_t splits = 1;   // units of this unit's item (1: it writes dK and dV itself)
   std::int32_t split = 0;    // which of them (the partial slot after `slot`)
   std::int32_t slot = 0;     // the item's first partial slot (split items only)
@@ -48,6 +68,13 @@ struct BwdUnitOptions {
 // Blocks of one item's walk: group x the tile's blocks (an entry of n rows has ceil(n /
 // block_rows)).
 std::int64_t bwd_item_blocks(const WorkList& cols, std::int64_t tile, const BwdUnitOptions& o);
+
+// Plans with more units than this many per SM walk head by head (BwdWalk).
+inline constexpr int kInnerWalkWaves = 2;
+
+// The walk of tile `tile`'s items in a plan of at most kInnerWalkWaves waves: kHeadsInnerFromLast
+// where its last q row is a neighbouring tile's last too, else kHeadsOuter.
+BwdWalk bwd_tile_walk(const WorkList& cols, std::int64_t tile);
 
 // The units for `cols` (tiles of keys, intervals of q rows): the items as they are, kv head by kv
 // head and busiest tile first (each kv head's Q and dO stay in L2 while its tiles run), unless a
