@@ -8,7 +8,9 @@
 # From the environment: HEADS, HEADS_KV, ROUNDS, MASKS (a subset of "full causal varlen-causal
 # swa1024"), A_LABEL (the device copy's .git may be older than its tree: say which commit A is),
 # B_CMAKE_ARGS (B's build options: with BASE_TREE `.`, this tree against itself built another
-# way, e.g. B_CMAKE_ARGS=-DFLEXCP_SM90_HEAD_DIMS=64).
+# way, e.g. B_CMAKE_ARGS=-DFLEXCP_SM90_HEAD_DIMS=64), A_ENV and B_ENV (variables each side runs
+# with; with BASE_TREE `-`, B is A's own binary, e.g. A_ENV=FLEXCP_SM90_BWD_WALK=from-last
+# B_ENV=FLEXCP_SM90_BWD_WALK=heads-outer: one binary, so no difference between builds).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 base=${1:?base tree}
@@ -20,14 +22,20 @@ mkdir -p "$out"
 heads=${HEADS:-64} heads_kv=${HEADS_KV:-8} rounds=${ROUNDS:-3}
 masks=${MASKS:-full causal varlen-causal swa1024}
 label=${A_LABEL:-$(git rev-parse --short HEAD 2>/dev/null)}
-# shellcheck disable=SC2086  # B_CMAKE_ARGS is a list of options
-cmake -S "$base" -B "$base/build-ab" -G Ninja -DCMAKE_BUILD_TYPE=Release -DFLEXCP_BUILD_TESTS=OFF \
-  -DFLEXCP_BUILD_BENCH=OFF -DFLEXCP_SM90_DTYPES=bf16 -DFLEXCP_SM90_HEAD_DIMS=128 \
-  -DFLEXCP_CUTLASS_INCLUDE="$PWD/.deps/cutlass/include" ${B_CMAKE_ARGS:-} > "$out/ab-build.log" 2>&1 &&
-  cmake --build "$base/build-ab" -j "$(nproc)" --target flexcp_cli >> "$out/ab-build.log" 2>&1 ||
-  { tail -30 "$out/ab-build.log"; exit 1; }
 a=build/gpu/tools/flexcp/flexcp
-b=$base/build-ab/tools/flexcp/flexcp
+b=$a
+if [[ $base != - ]]; then
+  # shellcheck disable=SC2086  # B_CMAKE_ARGS is a list of options
+  if ! cmake -S "$base" -B "$base/build-ab" -G Ninja -DCMAKE_BUILD_TYPE=Release \
+    -DFLEXCP_BUILD_TESTS=OFF -DFLEXCP_BUILD_BENCH=OFF -DFLEXCP_SM90_DTYPES=bf16 \
+    -DFLEXCP_SM90_HEAD_DIMS=128 -DFLEXCP_CUTLASS_INCLUDE="$PWD/.deps/cutlass/include" \
+    ${B_CMAKE_ARGS:-} > "$out/ab-build.log" 2>&1 ||
+    ! cmake --build "$base/build-ab" -j "$(nproc)" --target flexcp_cli >> "$out/ab-build.log" 2>&1; then
+    tail -30 "$out/ab-build.log"
+    exit 1
+  fi
+  b=$base/build-ab/tools/flexcp/flexcp
+fi
 specs=$(mktemp -d)
 names=()
 for t in "${lengths[@]}"; do
@@ -39,8 +47,9 @@ for t in "${lengths[@]}"; do
 done
 dir=fwd bwd_flag=()
 [[ -n "${BACKWARD:-}" ]] && dir=bwd bwd_flag=(--backward)
-tflops() {  # cli spec -> TFLOPS of one bench call, in the direction compared
-  "$1" bench --device cuda --mask-file "$2" --heads "$heads" --heads-kv "$heads_kv" \
+tflops() {  # variables cli spec -> TFLOPS of one bench call, in the direction compared
+  # shellcheck disable=SC2086  # the variables are a list of assignments
+  env $1 "$2" bench --device cuda --mask-file "$3" --heads "$heads" --heads-kv "$heads_kv" \
     --head-dim 128 --dtype bf16 --warmup 2 --repeat 5 "${bwd_flag[@]}" |
     sed -n "s/.* dir=$dir .*TFLOPS=\([0-9.]*\).*/\1/p"
 }
@@ -50,13 +59,13 @@ median() {
     awk '{v[NR]=$1} END {print (NR % 2) ? v[(NR+1)/2] : (v[NR/2] + v[NR/2+1]) / 2}'
 }
 {
-  echo "A: $label (this tree), B: $base; $dir, GQA $heads:$heads_kv, hd128, bf16, $rounds rounds"
+  echo "A: $label (this tree) ${A_ENV:-}, B: $base ${B_ENV:-}; $dir, GQA $heads:$heads_kv, hd128, bf16, $rounds rounds"
   printf '%-22s %10s %10s %8s   %s\n' mask "A TFLOPS" "B TFLOPS" "A/B" "rounds (A B)"
   for n in "${names[@]}"; do
     as=() bs=()
     for ((r = 0; r < rounds; ++r)); do
-      as+=("$(tflops "$a" "$specs/$n.json")")
-      bs+=("$(tflops "$b" "$specs/$n.json")")
+      as+=("$(tflops "${A_ENV:-}" "$a" "$specs/$n.json")")
+      bs+=("$(tflops "${B_ENV:-}" "$b" "$specs/$n.json")")
     done
     ma=$(echo "${as[*]}" | median) mb=$(echo "${bs[*]}" | median)
     printf '%-22s %10.1f %10.1f %8.3f   %s | %s\n' "$n" "$ma" "$mb" "$(awk -v a="$ma" -v b="$mb" 'BEGIN {print a / b}')" \

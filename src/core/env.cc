@@ -14,6 +14,10 @@ const std::vector<EnvVar>& env_vars() {
        "Seconds a communication wait may last before it fails with a communication error"},
       {"FLEXCP_NCCL_LIB", "libnccl.so.2",
        "The NCCL library the nccl communicator loads (a name the loader finds, or a path)"},
+      {"FLEXCP_SM90_BWD_WALK", "auto",
+       "How the CUDA backward's units walk their q blocks, read when a plan is made: auto (the "
+       "plan picks per unit), heads-outer or from-last (every unit; to measure one against the "
+       "other)"},
   };
   return vars;
 }

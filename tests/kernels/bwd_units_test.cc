@@ -239,6 +239,19 @@ TEST(BwdWalk, OnlyPlansOfTwoWavesWalkFromTheLast) {
   }
 }
 
+// A walk in the options is every unit's, whatever the plan's size (FLEXCP_SM90_BWD_WALK).
+TEST(BwdWalk, AWalkInTheOptionsIsEveryUnits) {
+  for (const std::int64_t t : {1024, 32768})
+    for (const BwdWalk walk : {BwdWalk::kHeadsOuter, BwdWalk::kHeadsInnerFromLast}) {
+      const WorkList cols = key_tiles(masks::causal(t, t));
+      BwdUnitOptions o = options(132, 8, 8);
+      o.walk = walk;
+      const BwdUnits u = plan_bwd_units(cols, o);
+      check_units(cols, o, u);
+      for (const BwdUnit& unit : u.units) ASSERT_EQ(unit.walk, walk) << "t=" << t;
+    }
+}
+
 // One item of 2^31 blocks: the kernel's 32-bit block indices cannot walk it.
 TEST(BwdUnits, AnItemTooLongForTheKernelIsAnError) {
   WorkList cols;

@@ -4,9 +4,11 @@
 // device first. Skips, saying why, where no GPU is present.
 #include <algorithm>
 #include <cmath>
+#include <cstdlib>
 #include <optional>
 #include <random>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "cuda_test_util.h"
@@ -212,6 +214,52 @@ TEST(Sm90Backward, LongVarlen) {
   std::mt19937_64 rng(85);
   check_case({"varlen-causal-long", 4100, 4100, 8, 8, 128},
              masks::varlen_causal({1500, 2000, 77, 523}), rng);
+}
+
+// FLEXCP_SM90_BWD_WALK set for one scope (unset after it).
+struct WalkFromEnv {
+  explicit WalkFromEnv(const char* value) { setenv("FLEXCP_SM90_BWD_WALK", value, 1); }
+  ~WalkFromEnv() { unsetenv("FLEXCP_SM90_BWD_WALK"); }
+};
+
+// Either walk over a unit's q blocks (BwdWalk), forced for every unit: the same gradients, on
+// split items (causal 1K, 16:2) and on tiles with several entries (documents of awkward lengths).
+TEST(Sm90Backward, BothWalksMatchTheReference) {
+  SKIP_WITHOUT_GPU();
+  std::mt19937_64 rng(87);
+  for (const char* walk : {"heads-outer", "from-last"}) {
+    SCOPED_TRACE(walk);
+    const WalkFromEnv env(walk);
+    check_case({"split", 1024, 1024, 16, 2, 128}, masks::causal(1024, 1024), rng);
+    check_case({"documents", 1500, 1500, 8, 2, 128}, masks::varlen_causal({700, 77, 523, 200}),
+               rng);
+  }
+}
+
+// The plan reads FLEXCP_SM90_BWD_WALK when it is made (no GPU needed): auto is the plan's rule
+// (causal 32K on 132 SMs: more than two waves, head by head), a walk applies to every unit, and
+// anything else is an error that names the variable and what it takes.
+TEST(Sm90Backward, WalkFromTheEnvironment) {
+  const AttentionShape shape{32768, 32768, 64, 8, 128, DType::kBFloat16, Device::kCuda, 0};
+  const Mask mask = masks::causal(32768, 32768);
+  for (const auto& [value, want] : {std::pair{"auto", BwdWalk::kHeadsOuter},
+                                    {"from-last", BwdWalk::kHeadsInnerFromLast},
+                                    {"heads-outer", BwdWalk::kHeadsOuter}}) {
+    const WalkFromEnv env(value);
+    const AttentionPlan plan(mask, shape);
+    for (const BwdUnit& unit : plan.impl().bwd_units.units) ASSERT_EQ(unit.walk, want) << value;
+  }
+  const WalkFromEnv env("sideways");
+  try {
+    const AttentionPlan plan(mask, shape);
+    ADD_FAILURE() << "a plan was made with FLEXCP_SM90_BWD_WALK=sideways";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.status(), Status::kInvalidArgument);
+    EXPECT_NE(std::string(e.what()).find(
+                  "FLEXCP_SM90_BWD_WALK is 'sideways', expected auto, heads-outer or from-last"),
+              std::string::npos)
+        << e.what();
+  }
 }
 
 // dK and dV are written once per key tile in a fixed order: the same bits on every run. dQ is

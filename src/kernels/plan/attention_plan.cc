@@ -2,10 +2,12 @@
 // will run it (kernels/tiles.h), and for device plans the workspace they are copied to once.
 #include "flexcp/attention_plan.h"
 
+#include <optional>
 #include <stdexcept>
 #include <string>
 
 #include "core/checks.h"
+#include "core/env.h"
 #include "flexcp/status.h"
 #include "kernels/plan/attention_plan_impl.h"
 #include "kernels/tiles.h"
@@ -109,6 +111,17 @@ std::vector<Band> checked_work(const ArgChecker& c, const std::vector<Band>& wor
   return bands;
 }
 
+#if defined(FLEXCP_WITH_CUDA)
+// FLEXCP_SM90_BWD_WALK (core/env.cc): every unit's walk, or empty for the plan's choice.
+std::optional<BwdWalk> bwd_walk_from_env(const ArgChecker& c) {
+  const std::string v = env_value("FLEXCP_SM90_BWD_WALK");
+  if (v == "auto") return std::nullopt;
+  if (v == "heads-outer") return BwdWalk::kHeadsOuter;
+  if (v == "from-last") return BwdWalk::kHeadsInnerFromLast;
+  c.fail("FLEXCP_SM90_BWD_WALK is '" + v + "', expected auto, heads-outer or from-last");
+}
+#endif
+
 AttentionPlan plan_for_mask(const Mask& mask, const AttentionShape& shape,
                             const AttentionPlanOptions& options) {
   const ArgChecker c("flexcp::AttentionPlan");
@@ -174,7 +187,8 @@ AttentionPlan make_attention_plan(const std::vector<Band>& work, const Attention
           impl->cols, {.sms = sm90::planned_multiprocessors(static_cast<int>(shape.device_index)),
                        .block_rows = tiles::kSm90BwdBlockM,
                        .heads_kv = shape.heads_kv,
-                       .group = shape.group()});
+                       .group = shape.group(),
+                       .walk = bwd_walk_from_env(c)});
     } catch (const std::length_error& e) {
       c.fail(e.what());
     }

@@ -154,8 +154,8 @@ BwdUnits plan_bwd_units(const WorkList& cols, const BwdUnitOptions& o) {
   }
   best.predicted_unsplit = unsplit;
   // Past the first waves, units start one by one as SMs free up, out of step (BwdWalk).
-  if (best.units.size() > static_cast<std::size_t>(kInnerWalkWaves) * o.sms)
-    for (BwdUnit& unit : best.units) unit.walk = BwdWalk::kHeadsOuter;
+  if (o.walk || best.units.size() > static_cast<std::size_t>(kInnerWalkWaves) * o.sms)
+    for (BwdUnit& unit : best.units) unit.walk = o.walk.value_or(BwdWalk::kHeadsOuter);
   return best;
 }
 

@@ -8,6 +8,7 @@
 #pragma once
 
 #include <cstdint>
+#include <optional>
 #include <vector>
 
 #include "kernels/worklist/worklist.h"
@@ -62,7 +63,8 @@ struct BwdUnitOptions {
   int sms = 132;        // persistent CTAs (one per SM)
   int block_rows = 64;  // q rows per block of the kernel
   std::int64_t heads_kv = 1;
-  std::int64_t group = 1;  // q heads per kv head
+  std::int64_t group = 1;       // q heads per kv head
+  std::optional<BwdWalk> walk;  // every unit's walk; empty: bwd_tile_walk's, within two waves
 };
 
 // Blocks of one item's walk: group x the tile's blocks (an entry of n rows has ceil(n /
