@@ -19,19 +19,8 @@ root=$PWD
 work=$root/.deps/sass
 mkdir -p "$work"
 
-cuobjdump=$(command -v cuobjdump || true)
-[[ -z $cuobjdump && -x /usr/local/cuda/bin/cuobjdump ]] && cuobjdump=/usr/local/cuda/bin/cuobjdump
-if [[ -z $cuobjdump ]]; then
-  cuobjdump=$root/.deps/cuobjdump/triton/backends/nvidia/bin/cuobjdump
-  if [[ ! -x $cuobjdump ]]; then
-    echo "sass-diff: fetching cuobjdump (Triton's wheel)"
-    tmp=$(mktemp -d)
-    python3 -m pip download -q --no-deps --only-binary=:all: triton==3.5.0 -d "$tmp"
-    mkdir -p "$root/.deps/cuobjdump"
-    (cd "$root/.deps/cuobjdump" && unzip -q -o "$tmp"/triton-*.whl 'triton/backends/nvidia/bin/*')
-    rm -rf "$tmp"
-  fi
-fi
+# shellcheck source=scripts/cuobjdump.sh
+source scripts/cuobjdump.sh  # sets `cuobjdump`
 
 base_src=$work/base-src
 rm -rf "$base_src"
