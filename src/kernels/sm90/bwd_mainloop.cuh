@@ -129,16 +129,23 @@ struct BwdBlockMma {
   int ds_stage = 0;
   PhaseClock<BwdPhase, ClockedKernel::kBackward> clock;  // empty unless FLEXCP_SM90_PHASE_CLOCKS
 
-  // ctid: 0..255 over both consumer warp groups.
+  // ctid: 0..255 over both consumer warp groups. The products' slices only partition shared-
+  // memory operands, which depend on the warp group alone: sliced at the group's first thread,
+  // from the warp-uniform group index, their descriptors are built in uniform registers (as
+  // FlashAttention-4's are) instead of per thread and moved across before every wgmma.
   __device__ __forceinline__ BwdBlockMma(int ctid, int half_)
-      : thr_sdp(mma_sdp.get_thread_slice(ctid)),
-        thr_kv(mma_kv.get_thread_slice(ctid)),
-        thr_dq(mma_dq.get_thread_slice(ctid)),
+      : thr_sdp(mma_sdp.get_thread_slice(group_first_thread())),
+        thr_kv(mma_kv.get_thread_slice(group_first_thread())),
+        thr_dq(mma_dq.get_thread_slice(group_first_thread())),
         thr_store_ds(store_ds.get_thread_slice(ctid)),
         half(half_) {
     const FragmentCoords coords = fragment_coords();
     row_in_group = coords.row;
     col_base = coords.col_base;
+  }
+
+  __device__ __forceinline__ static int group_first_thread() {
+    return (cutlass::canonical_warp_group_idx() - 1) * 128;  // consumers are warp groups 1 and 2
   }
 
   // The dK and dV accumulators (the kernel keeps them across an item's blocks).
@@ -201,32 +208,41 @@ struct BwdBlockMma {
     Tensor tDQrK = thr_dq.partition_fragment_B(smem(ss.k.data(), typename Cfg::SmemLayoutKt{}));
     Tensor tDSsdS = thr_store_ds.partition_D(
         as_position_independent_swizzle_tensor(smem(ss.ds.data(), typename Cfg::SmemLayoutDst{})));
+    // The stages as warp-uniform values (a shuffle from lane 0, which the compiler knows to be
+    // uniform), so that the descriptors built from them stay in uniform registers.
+    const int qs = __shfl_sync(0xffffffffu, int(q_state.index()), 0);
+    const int dos = __shfl_sync(0xffffffffu, int(do_state.index()), 0);
+    const int dss = __shfl_sync(0xffffffffu, ds_stage, 0);
     clock.block();
     pipe_q.consumer_wait(q_state);
     clock.mark(BwdPhase::kWaitQ);
-    issue_ss(mma_sdp, tSrK, tSrQ(_, _, _, q_state.index()), tSrS);
+    issue_ss(mma_sdp, tSrK, tSrQ(_, _, _, qs), tSrS);
     pipe_do.consumer_wait(do_state);
     clock.mark(BwdPhase::kWaitDo);
-    issue_ss(mma_sdp, tSrV, tSrdO(_, _, _, do_state.index()), tSrdP);
+    issue_ss(mma_sdp, tSrV, tSrdO(_, _, _, dos), tSrdP);
     warpgroup_wait<1>();
     warpgroup_fence_operand(tSrS);
     clock.mark(BwdPhase::kScores);
 
     // This thread's columns of the statistics (the copies started up to 3 rows early).
-    const float* lse2 = ss.lse2.data() + q_state.index() * kBwdStatsLoad + (c0 & 3) + col_base;
-    const float* delta = ss.delta.data() + do_state.index() * kBwdStatsLoad + (c0 & 3) + col_base;
+    const bool pairs_aligned = c0 % 2 == 0;
+    float lse2[kBlockM / 4], delta[kBlockM / 4];
+    load_stats<kBlockM>(ss.lse2.data() + q_state.index() * kBwdStatsLoad + (c0 & 3) + col_base,
+                        pairs_aligned, lse2);
     probabilities_t<kBlockM, kBlockN>(p, tSrS, entry, c0, key0, key0 + 64 * half + row_in_group,
                                       col_base, lse2);
     clock.mark(BwdPhase::kProbs);
     warpgroup_wait<0>();
     warpgroup_fence_operand(tSrdP);
+    load_stats<kBlockM>(ss.delta.data() + do_state.index() * kBwdStatsLoad + (c0 & 3) + col_base,
+                        pairs_aligned, delta);
     logit_gradients_t<kBlockM>(p, tSrS, tSrdP, lse2, delta);
     convert(tSrS, tKVrP);
     convert(tSrdP, tKVrdS);
     clock.mark(BwdPhase::kGrads);
 
     // dV += P^T dO while dS^T goes to shared memory for dQ.
-    issue_rs(mma_kv, tKVrP, tKVrdO(_, _, _, do_state.index()), tdVrdV);
+    issue_rs(mma_kv, tKVrP, tKVrdO(_, _, _, dos), tdVrdV);
     if constexpr (Cfg::kAccumulateDq) {
       {
         Tensor rdS = make_tensor(tKVrdS.data(), tSrdP.layout());  // the accumulator's shape
@@ -235,9 +251,9 @@ struct BwdBlockMma {
       cutlass::arch::fence_view_async_shared();  // the writes, visible to the tensor cores
       cutlass::arch::NamedBarrier::sync(256, static_cast<std::uint32_t>(BwdBarrier::kDsReady));
       clock.mark(BwdPhase::kDsShared);
-      issue_ss(mma_dq, tDQrdS(_, _, _, ds_stage), tDQrK, tdQrdQ);
+      issue_ss(mma_dq, tDQrdS(_, _, _, dss), tDQrK, tdQrdQ);
     }
-    issue_rs(mma_kv, tKVrdS, tKVrQ(_, _, _, q_state.index()), tdKrdK);
+    issue_rs(mma_kv, tKVrdS, tKVrQ(_, _, _, qs), tdKrdK);
     warpgroup_wait<1>();  // dV (and dQ) done (groups complete in order)
     if constexpr (Cfg::kAccumulateDq) warpgroup_fence_operand(tdQrdQ);
     pipe_do.consumer_release(do_state);

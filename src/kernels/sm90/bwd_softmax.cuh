@@ -14,15 +14,51 @@
 
 namespace flexcp::sm90::detail {
 
-// S^T (q.k products) to P^T in place: softcap, the mask of edge blocks (entry masks, the entry's
-// last block, keys past the end), then 2^(s - lse2) per q row. `key0` is the tile's first key,
-// `key` this thread's first key, lse2 this thread's first column's statistic.
+// This thread's statistics of a block: the values of its q columns (8 j + c, c = 0, 1) from `at`.
+// Where the block's first row is even the pairs are 8-byte aligned in the staged copy (it starts
+// at the 16-byte boundary at or below that row): 8-byte loads, half the instructions and shared-
+// memory wavefronts (the branch is uniform over the block).
+template <int kBlockM>
+__device__ __forceinline__ void load_stats(const float* at, bool pairs_aligned,
+                                           float (&v)[kBlockM / 4]) {
+  if (pairs_aligned) {
+    CUTLASS_PRAGMA_UNROLL
+    for (int j = 0; j < kBlockM / 8; ++j) {
+      const float2 x = *reinterpret_cast<const float2*>(at + 8 * j);
+      v[2 * j] = x.x;
+      v[2 * j + 1] = x.y;
+    }
+  } else {
+    CUTLASS_PRAGMA_UNROLL
+    for (int j = 0; j < kBlockM / 8; ++j) CUTLASS_PRAGMA_UNROLL
+    for (int c = 0; c < 2; ++c) v[2 * j + c] = at[8 * j + c];
+  }
+}
+
+// S^T (q.k products) to P^T in place: the logit in log2 units less the row's lse2 (one FFMA
+// without softcap), the mask of edge blocks (entry masks, the entry's last block, keys past the
+// end), then 2^x. `key0` is the tile's first key, `key` this thread's first key, lse2 this
+// thread's columns' statistics. The mask comes after the subtraction: -inf times a scale of zero
+// or below would not stay -inf.
 template <int kBlockM, int kBlockN, class Frag>
 __device__ __forceinline__ void probabilities_t(const BwdParams& p, Frag& s, const WorkEntry& entry,
                                                 int c0, int key0, int key, int col_base,
-                                                const float* lse2) {
-  // Softcap (t kept implicitly: recomputed from P for the gradient), mask, exponentiate.
-  logits_log2(p, s);
+                                                const float (&lse2)[kBlockM / 4]) {
+  if (p.softcap > 0.f) {
+    logits_log2(p, s);
+    CUTLASS_PRAGMA_UNROLL
+    for (int j = 0; j < kBlockM / 8; ++j) CUTLASS_PRAGMA_UNROLL
+    for (int c = 0; c < 2; ++c) CUTLASS_PRAGMA_UNROLL
+    for (int h = 0; h < 2; ++h) s(c + 2 * h + 4 * j) -= lse2[2 * j + c];
+  } else {
+    CUTLASS_PRAGMA_UNROLL
+    for (int j = 0; j < kBlockM / 8; ++j) CUTLASS_PRAGMA_UNROLL
+    for (int c = 0; c < 2; ++c) CUTLASS_PRAGMA_UNROLL
+    for (int h = 0; h < 2; ++h) {
+      float& x = s(c + 2 * h + 4 * j);
+      x = fmaf(x, p.scale_log2, -lse2[2 * j + c]);
+    }
+  }
   const int end = int(entry.end);
   if (entry.mask != EntryMask::kNone || c0 + kBlockM > end || key0 + kBlockN > p.seqlen_k) {
     const Band band = p.work.bands[entry.band];
@@ -34,23 +70,19 @@ __device__ __forceinline__ void probabilities_t(const BwdParams& p, Frag& s, con
     }
   }
   CUTLASS_PRAGMA_UNROLL
-  for (int j = 0; j < kBlockM / 8; ++j) CUTLASS_PRAGMA_UNROLL
-  for (int c = 0; c < 2; ++c) {
-    const float l = lse2[8 * j + c];
-    CUTLASS_PRAGMA_UNROLL
-    for (int h = 0; h < 2; ++h) s(c + 2 * h + 4 * j) = exp2_approx(s(c + 2 * h + 4 * j) - l);
-  }
+  for (int x = 0; x < cute::size(s); ++x) s(x) = exp2_approx(s(x));
 }
 
 // dP^T to dS^T in place, from P^T and the q rows' delta (and lse2, for softcap's factor).
 template <int kBlockM, class Frag>
 __device__ __forceinline__ void logit_gradients_t(const BwdParams& p, const Frag& pt, Frag& dpt,
-                                                  const float* lse2, const float* delta) {
+                                                  const float (&lse2)[kBlockM / 4],
+                                                  const float (&delta)[kBlockM / 4]) {
   auto grad = [&](auto softcapped) {
     CUTLASS_PRAGMA_UNROLL
     for (int j = 0; j < kBlockM / 8; ++j) CUTLASS_PRAGMA_UNROLL
     for (int c = 0; c < 2; ++c) {
-      const float d = delta[8 * j + c], l = lse2[8 * j + c];
+      const float d = delta[2 * j + c], l = lse2[2 * j + c];
       CUTLASS_PRAGMA_UNROLL
       for (int h = 0; h < 2; ++h) {
         const int x = c + 2 * h + 4 * j;

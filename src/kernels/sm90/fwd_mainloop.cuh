@@ -116,8 +116,6 @@ struct FwdMainloop {
   template <class Layout>
   using Smem =
       decltype(cute::make_tensor(cute::make_smem_ptr(static_cast<Element*>(nullptr)), Layout{}));
-  using ThrQK = decltype(std::declval<MmaQK&>().get_thread_slice(0));
-  using ThrPV = decltype(std::declval<MmaPV&>().get_thread_slice(0));
   // O goes to shared memory with stmatrix (16 bytes per instruction, shared-space addresses).
   using StoreO = decltype(cute::make_tiled_copy_C(
       cute::Copy_Atom<cute::SM90_U32x4_STSM_N, Element>{}, std::declval<MmaPV&>()));
@@ -135,11 +133,6 @@ struct FwdMainloop {
   const int wg, ctid;
   MmaQK mma_qk;
   MmaPV mma_pv;
-  ThrQK thr_qk;
-  ThrPV thr_pv;
-  decltype(thr_qk.partition_fragment_A(std::declval<Smem<typename Cfg::SmemLayoutQ>&>())) tSrQ;
-  decltype(thr_qk.partition_fragment_B(std::declval<Smem<typename Cfg::SmemLayoutKV>&>())) tSrK;
-  decltype(thr_pv.partition_fragment_B(std::declval<Smem<typename Cfg::SmemLayoutVt>&>())) tOrV;
   decltype(cute::partition_fragment_C(mma_qk, cute::select<0, 1>(typename Cfg::TileQK{}))) tSrS;
   decltype(cute::partition_fragment_C(mma_pv, cute::select<0, 1>(typename Cfg::TilePV{}))) tOrO;
   StoreO store_o;
@@ -175,11 +168,6 @@ struct FwdMainloop {
         pipe_v(pipe_v_),
         wg(wg_),
         ctid(ctid_),
-        thr_qk(mma_qk.get_thread_slice(ctid_)),
-        thr_pv(mma_pv.get_thread_slice(ctid_)),
-        tSrQ(thr_qk.partition_fragment_A(smem(ss_.q.data(), typename Cfg::SmemLayoutQ{}))),
-        tSrK(thr_qk.partition_fragment_B(smem(ss_.k.data(), typename Cfg::SmemLayoutKV{}))),
-        tOrV(thr_pv.partition_fragment_B(smem(ss_.v.data(), typename Cfg::SmemLayoutVt{}))),
         tSrS(cute::partition_fragment_C(mma_qk, cute::select<0, 1>(typename Cfg::TileQK{}))),
         tOrO(cute::partition_fragment_C(mma_pv, cute::select<0, 1>(typename Cfg::TilePV{}))),
         thr_store_o(store_o.get_thread_slice(ctid_)),
@@ -258,7 +246,18 @@ struct FwdMainloop {
     using namespace cute;
     warpgroup_fence_operand(tSrS);
     warpgroup_arrive();
-    issue_gemm<true>(mma_qk, tSrQ(_, _, _, q_state.index()), tSrK(_, _, _, k_state.index()), tSrS);
+    // The operands described again at each turn from warp-uniform values (the group index, and
+    // the stages through a shuffle from lane 0, which the compiler knows to be uniform): the
+    // descriptors are then built in uniform registers, as FlashAttention-4's are, where the
+    // members' per-thread ones are moved across before every wgmma. The opaque zero keeps the
+    // compiler from hoisting them back.
+    const auto thr = mma_qk.get_thread_slice((cutlass::canonical_warp_group_idx() - 1) * 128);
+    const int z = opaque_zero();
+    Tensor q = thr.partition_fragment_A(smem(ss.q.data() + z, typename Cfg::SmemLayoutQ{}));
+    Tensor k = thr.partition_fragment_B(smem(ss.k.data() + z, typename Cfg::SmemLayoutKV{}));
+    const int qs = __shfl_sync(0xffffffffu, int(q_state.index()), 0);
+    const int ks = __shfl_sync(0xffffffffu, int(k_state.index()), 0);
+    issue_gemm<true>(mma_qk, q(_, _, _, qs), k(_, _, _, ks), tSrS);
     warpgroup_commit_batch();
   }
   __device__ __forceinline__ void issue_pv() {
@@ -266,7 +265,11 @@ struct FwdMainloop {
     warpgroup_fence_operand(tOrO);
     warpgroup_fence_operand(tOrP);
     warpgroup_arrive();
-    issue_gemm<false>(mma_pv, tOrP, tOrV(_, _, _, v_state.index()), tOrO);
+    const auto thr = mma_pv.get_thread_slice((cutlass::canonical_warp_group_idx() - 1) * 128);
+    Tensor v =
+        thr.partition_fragment_B(smem(ss.v.data() + opaque_zero(), typename Cfg::SmemLayoutVt{}));
+    const int vs = __shfl_sync(0xffffffffu, int(v_state.index()), 0);
+    issue_gemm<false>(mma_pv, tOrP, v(_, _, _, vs), tOrO);
     warpgroup_commit_batch();
   }
   // One turn on the tensor cores: issue this group's products, then hand the turn over.
