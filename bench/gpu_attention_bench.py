@@ -11,8 +11,13 @@ pairs flexcp does; TFLOPS count attended pairs only (forward 4 * area * D * Hq).
 masks attends at most two key intervals, which is what the FlexAttention mask_mod encodes; an
 FA4 parameterisation is used only where it reproduces every row's interval exactly.
 
-Every peer is timed as flexcp's tool times itself: back-to-back calls between CUDA events (no
-cache flush between them), so that host launch cost counts the same for all; median of rounds.
+Every peer is timed as flexcp's tool times itself: samples of back-to-back calls between CUDA
+events (no cache flush between them), so that host launch cost counts the same for all, as many
+samples of the same length as the tool takes; the median.
+Long runs meet the board's power limit, so the SM clock and power are sampled while each is timed
+(`gpu_clocks.py`) and written beside the TFLOPS (a second table): a peer ahead per cycle may be
+behind per joule. flexcp's tool runs in its own process, so its figures are that process's busy
+samples (the forward runs alone; the backward and fwd+bwd share a second run).
 
     python3 bench/gpu_attention_bench.py --flexcp CLI --specs DIR --out DIR
         (DIR holds <mask>-<T>.json files; bench/gpu_bench.sh writes them)
@@ -28,6 +33,7 @@ import sys
 import numpy as np
 import torch
 import torch.nn.functional as F
+from gpu_clocks import ClockSampler
 from torch.nn.attention import SDPBackend, sdpa_kernel
 from torch.nn.attention.flex_attention import create_block_mask, flex_attention
 
@@ -97,46 +103,64 @@ def fa4_form(lo, hi):
     return form
 
 
-def time_ms(fn, rounds=7, calls=5):
-    """Median milliseconds per call of fn over rounds of back-to-back calls."""
-    for _ in range(3):
-        fn()
-    torch.cuda.synchronize()
-    per_call = []
-    for _ in range(rounds):
+# The sampling rule of flexcp's tool (tools/flexcp/device_tensor.cc), for every peer: WARMUP untimed
+# calls, one timed call that sizes a sample (back-to-back calls filling about 20 ms), then SAMPLES
+# samples and their median. 35 samples keep a 32K kernel running for ~2 s, long enough to meet the
+# board's power limit as training does (a shorter run of flexcp's than of its peers measured it at
+# boost clock while they were held at the limit: bench/results/h200-peers-2026-12-04.md).
+WARMUP, SAMPLES, SAMPLE_MS = 3, 35, 20.0
+
+
+def time_ms(fn):
+    """(median milliseconds per call of fn, the SM clock and power while it was sampled)."""
+    def batch_ms(calls):
         start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
         start.record()
         for _ in range(calls):
             fn()
         end.record()
         end.synchronize()
-        per_call.append(start.elapsed_time(end) / calls)
-    return statistics.median(per_call)
+        return start.elapsed_time(end)
+    for _ in range(WARMUP):
+        fn()
+    calls = min(max(int(SAMPLE_MS / max(batch_ms(1), 1e-3)), 1), 200)
+    with ClockSampler() as clocks:
+        per_call = [batch_ms(calls) / calls for _ in range(SAMPLES)]
+    return statistics.median(per_call), clocks.summary()
 
 
 def time_directions(fn, inputs, backward):
-    """{"fwd": ms, "bwd": ms, "fwd+bwd": ms} of out = fn(*inputs) (the backward on its own
-    forward's output, the graph kept)."""
-    ms = {"fwd": time_ms(lambda: fn(*inputs))}
+    """({"fwd": ms, "bwd": ms, "fwd+bwd": ms}, the same keys: clocks) of out = fn(*inputs) (the
+    backward on its own forward's output, the graph kept)."""
+    timed = {"fwd": time_ms(lambda: fn(*inputs))}
     if backward:
         xs = [x.detach().requires_grad_() for x in inputs]
         out = fn(*xs)
         dout = torch.randn_like(out)
-        ms["bwd"] = time_ms(lambda: torch.autograd.grad(out, xs, dout, retain_graph=True))
-        ms["fwd+bwd"] = time_ms(lambda: torch.autograd.grad(fn(*xs), xs, dout))
-    return ms
+        timed["bwd"] = time_ms(lambda: torch.autograd.grad(out, xs, dout, retain_graph=True))
+        timed["fwd+bwd"] = time_ms(lambda: torch.autograd.grad(fn(*xs), xs, dout))
+    return {d: t[0] for d, t in timed.items()}, {d: t[1] for d, t in timed.items()}
 
 
 def flexcp_ms(cli, spec_path, a):
-    """Median milliseconds of flexcp per direction, timed by the tool with CUDA events."""
-    cmd = [cli, "bench", "--device", "cuda", "--mask-file", spec_path, "--heads", str(a.heads),
-           "--heads-kv", str(a.heads_kv), "--head-dim", str(a.head_dim), "--dtype", "bf16",
-           "--json", "--warmup", "2", "--repeat", "7"] + (["--backward"] if a.backward else [])
-    res = subprocess.run(cmd, capture_output=True, text=True)
-    if res.returncode != 0:
-        raise RuntimeError(" ".join(cmd) + " failed: " + (res.stderr or res.stdout)[-400:])
-    return {r["direction"]: r["time_us"] * 1e-3
-            for r in json.loads(res.stdout.strip().splitlines()[-1])}
+    """(milliseconds, clocks) of flexcp per direction, timed by the tool with CUDA events: the
+    forward in a run of its own, so that its clocks are the forward's; with --backward, the
+    backward and fwd+bwd from a second run (its clocks, mostly the backward's, for both)."""
+    ms, clocks = {}, {}
+    for backward in [False] + ([True] if a.backward else []):
+        cmd = [cli, "bench", "--device", "cuda", "--mask-file", spec_path, "--heads", str(a.heads),
+               "--heads-kv", str(a.heads_kv), "--head-dim", str(a.head_dim), "--dtype", "bf16",
+               "--json", "--warmup", str(WARMUP), "--repeat", str(SAMPLES)]
+        cmd += ["--backward"] if backward else []
+        with ClockSampler() as sampler:
+            res = subprocess.run(cmd, capture_output=True, text=True)
+        if res.returncode != 0:
+            raise RuntimeError(" ".join(cmd) + " failed: " + (res.stderr or res.stdout)[-400:])
+        for r in json.loads(res.stdout.strip().splitlines()[-1]):
+            if backward == (r["direction"] != "fwd"):
+                ms[r["direction"]] = r["time_us"] * 1e-3
+                clocks[r["direction"]] = sampler.summary(busy_only=True)
+    return ms, clocks
 
 
 def fa4_peer(form, q, k, v):
@@ -193,8 +217,9 @@ def main():
         # Past 32K the eager block mask would materialise T x T booleans (128 GiB at 128K);
         # compiled, it is built block by block.
         block_mask = create_block_mask(mask_mod, 1, 1, t, t, device=dev, _compile=t > 32768)
-        row = {"mask": name, "seqlen": t, "area": area, "ms": {}, "errors": {}, "max_diff": {}}
-        row["ms"]["flexcp"] = flexcp_ms(a.flexcp, path, a)
+        row = {"mask": name, "seqlen": t, "area": area, "ms": {}, "clocks": {}, "errors": {},
+               "max_diff": {}}
+        row["ms"]["flexcp"], row["clocks"]["flexcp"] = flexcp_ms(a.flexcp, path, a)
 
         def flex_with(options):
             return lambda q_, k_, v_: flex(q_, k_, v_, block_mask=block_mask, enable_gqa=True,
@@ -223,7 +248,7 @@ def main():
                 if reference is None:
                     reference = out
                 row["max_diff"][label] = float((out.float() - reference.float()).abs().max())
-                row["ms"][label] = time_directions(fn, inputs, a.backward)
+                row["ms"][label], row["clocks"][label] = time_directions(fn, inputs, a.backward)
             except Exception as e:  # a peer that cannot run this shape
                 row["errors"][label] = f"{type(e).__name__}: {e}".splitlines()[0][:160]
             if label not in peers_seen:
@@ -246,6 +271,8 @@ def main():
     for d in directions:
         write_table(os.path.join(a.out, f"gpu_bench_{d.replace('+', '')}_{tag}.md"), d, meta,
                     rows, peers_seen)
+    write_clocks(os.path.join(a.out, f"gpu_bench_clocks_{tag}.md"), directions, meta, rows,
+                 ["flexcp"] + peers_seen)
     return 0
 
 
@@ -269,6 +296,25 @@ def write_table(path, direction, meta, rows, peers):
         if errors:
             md.write("\nPeers that could not run: " +
                      "; ".join(f"{m} {who} ({e})" for m, who, e in errors) + "\n")
+
+
+def write_clocks(path, directions, meta, rows, peers):
+    """The SM clock (MHz), board power (W) and the share of samples a limit held the clock, while
+    each peer was timed, per direction."""
+    def cell(r, who, d):
+        c = r["clocks"].get(who, {}).get(d, {})
+        return "%.0f / %.0f / %.0f%%" % (c["mhz"], c["watts"], 100 * c["limited"]) if c else "-"
+    with open(path, "w") as md:
+        md.write(f"# SM clock (MHz) / board power (W) / share of samples held by a power or "
+                 f"thermal limit, while timed ({meta['gpu']}, bf16, "
+                 f"H={meta['heads']} HK={meta['heads_kv']} D={meta['head_dim']}; flexcp: its "
+                 "process's busy samples, bwd and fwd+bwd from one run)\n\n")
+        cols = [(who, d) for d in directions for who in peers]
+        md.write("| mask | T | " + " | ".join(f"{who} {d}" for who, d in cols) + " |\n")
+        md.write("|---" * (2 + len(cols)) + "|\n")
+        for r in sorted(rows, key=lambda r: (r["mask"].rsplit("-", 1)[0], r["seqlen"])):
+            md.write("| %s | %d | %s |\n" % (r["mask"].rsplit("-", 1)[0], r["seqlen"],
+                                              " | ".join(cell(r, who, d) for who, d in cols)))
 
 
 if __name__ == "__main__":

@@ -28,6 +28,16 @@ struct FwdConfig {
   static constexpr int kQStages = 2;
   static constexpr int kConsumers = 2;  // warp groups of 64 rows each
   static constexpr int kThreads = 128 * (kConsumers + 1);
+  // Register budgets: the consumers hold O (kHeadDim / 2 fp32 a thread), S (kBlockN / 2), P in
+  // the input dtype and the softmax's state; the producer (one thread issuing loads) takes the
+  // rest. The pool is fixed at launch (the launch bound's share of the 64K-register file, 168 a
+  // thread): 40 + 2 x 232 <= 3 x 168. FlashAttention-3's and -4's split, 24 + 2 x 240, spills the
+  // producer's walk over entries and blocks (56-byte stack, 91 local loads and stores, 2026-12-04)
+  // and leaves the consumers' code as it is.
+  static constexpr int kLaunchRegs = 65536 / kThreads / 8 * 8;
+  static constexpr int kProducerRegs = 40;
+  static constexpr int kConsumerRegs = 232;
+  static_assert(kProducerRegs + kConsumers * kConsumerRegs <= (kConsumers + 1) * kLaunchRegs);
   static constexpr int kPanels = kHeadDim / 64;  // 128-byte swizzle panels along D (one TMA box)
   static_assert(kHeadDim % 64 == 0 && kBlockM == 64 * kConsumers);
 

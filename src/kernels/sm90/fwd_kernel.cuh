@@ -61,14 +61,14 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
   __syncthreads();  // barriers initialised before anyone waits on them
 
   if (producer) {
-    cutlass::arch::warpgroup_reg_dealloc<40>();
+    cutlass::arch::warpgroup_reg_dealloc<Cfg::kProducerRegs>();
     if (threadIdx.x != 0) return;
     detail::load_fwd_items<Cfg>(p, ss, pipe_q, pipe_k, pipe_v, pipe_item);
     return;
   }
 
   // ---- consumers ----
-  cutlass::arch::warpgroup_reg_alloc<232>();
+  cutlass::arch::warpgroup_reg_alloc<Cfg::kConsumerRegs>();
   detail::FwdMainloop<Cfg> ml(p, ss, pipe_q, pipe_k, pipe_v, wg, threadIdx.x - 128);
   typename PipelineItem::PipelineState item_state;
   auto take_item = [&]() { return Cfg::Items::take(pipe_item, item_state, ss.items); };
