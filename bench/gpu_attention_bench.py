@@ -104,11 +104,12 @@ def fa4_form(lo, hi):
 
 
 # The sampling rule of flexcp's tool (tools/flexcp/device_tensor.cc), for every peer: WARMUP untimed
-# calls, one timed call that sizes a sample (back-to-back calls filling about 20 ms), then SAMPLES
-# samples and their median. 35 samples keep a 32K kernel running for ~2 s, long enough to meet the
-# board's power limit as training does (a shorter run of flexcp's than of its peers measured it at
-# boost clock while they were held at the limit: bench/results/h200-peers-2026-12-04.md).
-WARMUP, SAMPLES, SAMPLE_MS = 3, 35, 20.0
+# calls, one timed call that sizes a sample (back-to-back calls filling about 20 ms), samples
+# untimed for WARMUP_MS more, then SAMPLES samples and their median. The GPU then meets its power
+# limit before the timed samples and stays there, as in training, whichever peer runs after an
+# idle gap (a shorter run of flexcp's than of its peers measured it at boost clock while they were
+# held at the limit: bench/results/h200-peers-2026-12-04.md).
+WARMUP, WARMUP_MS, SAMPLES, SAMPLE_MS = 3, 500, 35, 20.0
 
 
 def time_ms(fn):
@@ -124,6 +125,9 @@ def time_ms(fn):
     for _ in range(WARMUP):
         fn()
     calls = min(max(int(SAMPLE_MS / max(batch_ms(1), 1e-3)), 1), 200)
+    warmed = 0.0
+    while warmed < WARMUP_MS:
+        warmed += batch_ms(calls)
     with ClockSampler() as clocks:
         per_call = [batch_ms(calls) / calls for _ in range(SAMPLES)]
     return statistics.median(per_call), clocks.summary()
@@ -150,7 +154,8 @@ def flexcp_ms(cli, spec_path, a):
     for backward in [False] + ([True] if a.backward else []):
         cmd = [cli, "bench", "--device", "cuda", "--mask-file", spec_path, "--heads", str(a.heads),
                "--heads-kv", str(a.heads_kv), "--head-dim", str(a.head_dim), "--dtype", "bf16",
-               "--json", "--warmup", str(WARMUP), "--repeat", str(SAMPLES)]
+               "--json", "--warmup", str(WARMUP), "--warmup-ms", str(WARMUP_MS),
+               "--repeat", str(SAMPLES)]
         cmd += ["--backward"] if backward else []
         with ClockSampler() as sampler:
             res = subprocess.run(cmd, capture_output=True, text=True)

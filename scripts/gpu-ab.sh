@@ -5,8 +5,8 @@
 # and heat hit both alike. Needs build/gpu (scripts/gpu-check.sh builds it). Prints one line per
 # mask: TFLOPS of A and B (median over rounds) and A/B.
 #   scripts/gpu-ab.sh BASE_TREE OUT [lengths...]
-# From the environment: HEADS, HEADS_KV, ROUNDS, SAMPLES (per call, 35: a 32K kernel runs ~2 s and
-# meets the board's power limit, as in training and in bench/gpu_bench.sh), MASKS (a subset of "full causal varlen-causal
+# From the environment: HEADS, HEADS_KV, ROUNDS, SAMPLES (per call, 35 after 500 ms of warm-up:
+# the GPU meets its power limit first, as in training and in bench/gpu_bench.sh), MASKS (a subset of "full causal varlen-causal
 # swa1024"), A_LABEL (the device copy's .git may be older than its tree: say which commit A is),
 # B_CMAKE_ARGS (B's build options: with BASE_TREE `.`, this tree against itself built another
 # way, e.g. B_CMAKE_ARGS=-DFLEXCP_SM90_HEAD_DIMS=64), A_ENV and B_ENV (variables each side runs
@@ -51,7 +51,7 @@ dir=fwd bwd_flag=()
 tflops() {  # variables cli spec -> TFLOPS of one bench call, in the direction compared
   # shellcheck disable=SC2086  # the variables are a list of assignments
   env $1 "$2" bench --device cuda --mask-file "$3" --heads "$heads" --heads-kv "$heads_kv" \
-    --head-dim 128 --dtype bf16 --warmup 3 --repeat "$samples" "${bwd_flag[@]}" |
+    --head-dim 128 --dtype bf16 --warmup 3 --warmup-ms 500 --repeat "$samples" "${bwd_flag[@]}" |
     sed -n "s/.* dir=$dir .*TFLOPS=\([0-9.]*\).*/\1/p"
 }
 # The middle value; with an even count, the mean of the middle two (not the lower one).

@@ -2,6 +2,7 @@
 #include <gtest/gtest.h>
 #include <sys/wait.h>
 
+#include <chrono>
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
@@ -344,6 +345,27 @@ TEST_F(Cli, BenchPrintsJsonAndRunChecksItself) {
   r = run_cli("plan --mask varlen-causal --seqlen 65536 --world 4");
   ASSERT_EQ(r.code, 0) << r.output;
   EXPECT_NE(r.output.find("imbalance"), std::string::npos) << r.output;
+}
+
+// --warmup-ms keeps running untimed for that long before the timed runs (so that a GPU has met
+// its power limit): the same bench takes at least that much longer with it.
+TEST_F(Cli, BenchWarmsUpForTheTimeAsked) {
+  const std::string bench =
+      "bench --mask causal --seqlen 64 --heads 1 --heads-kv 1 --head-dim 64 --dtype fp32 --warmup "
+      "0 "
+      "--repeat 1";
+  auto seconds = [](const std::string& args) {
+    const auto t0 = std::chrono::steady_clock::now();
+    const Result r = run_cli(args);
+    EXPECT_EQ(r.code, 0) << r.output;
+    return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  };
+  const double plain = seconds(bench);
+  const double warmed = seconds(bench + " --warmup-ms 1500");
+  EXPECT_GE(warmed - plain, 1.0) << "plain " << plain << " s, --warmup-ms 1500: " << warmed << " s";
+  const Result r = run_cli(bench + " --warmup-ms -5");
+  EXPECT_EQ(r.code, 2) << r.output;
+  EXPECT_NE(r.output.find("--warmup-ms: -5 is below 0"), std::string::npos) << r.output;
 }
 
 TEST_F(Cli, HelpOnEverySubcommand) {

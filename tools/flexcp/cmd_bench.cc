@@ -28,6 +28,7 @@ struct BenchArgs {
   bool dist = false;  // also through DistAttention on one rank (NCCL)
   bool json = false;
   int warmup = 1, repeat = 3;
+  int warmup_ms = 0;  // untimed runs for at least this long after `warmup` (timing.h)
 };
 
 struct Times {
@@ -122,14 +123,14 @@ struct DistCalls : DeviceCalls {
 
 // Median device seconds of each way, per direction (fwd; with a backward, bwd and the pair back to
 // back), their samples taken in turn so that the ratios between them are fair.
-std::vector<Times> device_times(const std::vector<const DeviceCalls*>& ways, int warmup,
-                                int repeat) {
+std::vector<Times> device_times(const std::vector<const DeviceCalls*>& ways, int warmup, int repeat,
+                                int warmup_ms) {
   std::vector<Times> t(ways.size());
   auto time = [&](auto&& call_of, double Times::*field) {
     std::vector<std::function<void()>> fns;
     for (const DeviceCalls* w : ways) fns.push_back(call_of(*w));
     const std::vector<double> medians =
-        alternating_median_device_seconds(fns, std::max(warmup, 1), repeat);
+        alternating_median_device_seconds(fns, std::max(warmup, 1), repeat, warmup_ms);
     for (std::size_t i = 0; i < ways.size(); ++i) t[i].*field = medians[i];
   };
   time([](const DeviceCalls& w) { return w.fwd; }, &Times::fwd);
@@ -152,15 +153,16 @@ std::vector<Times> device_times(const std::vector<const DeviceCalls*>& ways, int
 std::vector<Times> time_on_device(const HostTensor& q, const HostTensor& k, const HostTensor& v,
                                   const Mask& mask, HostTensor& out, HostTensor& lse,
                                   const HostTensor* dout, const AttentionOptions& options,
-                                  bool dist, int warmup, int repeat) {
+                                  bool dist, int warmup, int repeat, int warmup_ms) {
 #if defined(FLEXCP_TOOLS_CUDA)
   const KernelCalls kernel(q, k, v, mask, out, lse, dout, options);
   std::optional<DistCalls> through_dist;
   std::vector<const DeviceCalls*> ways{&kernel};
   if (dist) ways.push_back(&through_dist.emplace(q, k, v, mask, dout, options));
-  return device_times(ways, warmup, repeat);
+  return device_times(ways, warmup, repeat, warmup_ms);
 #else
-  static_cast<void>(std::tie(q, k, v, mask, out, lse, dout, options, dist, warmup, repeat));
+  static_cast<void>(
+      std::tie(q, k, v, mask, out, lse, dout, options, dist, warmup, repeat, warmup_ms));
   throw Error(
       Status::kNotCompiled,
       "flexcp bench: --device cuda: this build has no CUDA kernels (configured without CUDA)");
@@ -222,8 +224,9 @@ void run_bench(const BenchArgs& a) {
   Times t;
   std::optional<Times> through_dist;  // --dist: the same calls through DistAttention
   if (a.device == "cuda") {
-    const std::vector<Times> times = time_on_device(
-        q, k, v, mask, out, lse, dout ? &*dout : nullptr, options, a.dist, a.warmup, a.repeat);
+    const std::vector<Times> times =
+        time_on_device(q, k, v, mask, out, lse, dout ? &*dout : nullptr, options, a.dist, a.warmup,
+                       a.repeat, a.warmup_ms);
     t = times.front();
     if (a.dist) through_dist = times.back();
   } else {
@@ -231,20 +234,20 @@ void run_bench(const BenchArgs& a) {
     const AttentionShape shape{tq, tk, a.shape.heads, a.shape.heads_kv, a.shape.head_dim, dtype};
     const AttentionPlan plan(mask, shape, {.backward = a.backward});
     auto fwd = [&] { forward(plan, q.view(), k.view(), v.view(), out.view(), lse.view()); };
-    t.fwd = median_seconds(fwd, a.warmup, a.repeat);
+    t.fwd = median_seconds(fwd, a.warmup, a.repeat, a.warmup_ms);
     if (dout) {
       HostTensor dq(dtype, q.shape()), dk(dtype, k.shape()), dv(dtype, v.shape());
       auto bwd = [&] {
         backward(plan, dout->view(), q.view(), k.view(), v.view(), out.view(), lse.view(),
                  dq.view(), dk.view(), dv.view());
       };
-      t.bwd = median_seconds(bwd, a.warmup, a.repeat);
+      t.bwd = median_seconds(bwd, a.warmup, a.repeat, a.warmup_ms);
       t.fwd_bwd = median_seconds(
           [&] {
             fwd();
             bwd();
           },
-          a.warmup, a.repeat);
+          a.warmup, a.repeat, a.warmup_ms);
     }
   }
   report("fwd", t.fwd, flops);
@@ -282,6 +285,11 @@ void add_bench_command(CLI::App& app) {
                 "ratio to the bare kernel (what the distributed path costs)");
   cmd->add_flag("--json", args->json, "One JSON array instead of text lines");
   cmd->add_option("--warmup", args->warmup, "Untimed runs first")
+      ->check(whole_number(0))
+      ->capture_default_str();
+  cmd->add_option("--warmup-ms", args->warmup_ms,
+                  "Untimed runs for at least this many milliseconds more, after --warmup (a GPU "
+                  "meets its power limit after about a second of sustained work)")
       ->check(whole_number(0))
       ->capture_default_str();
   cmd->add_option("--repeat", args->repeat, "Timed runs (the median is reported)")

@@ -68,12 +68,13 @@ DeviceWorkspace::~DeviceWorkspace() {
   cudaFree(data_);
 }
 
-double median_device_seconds(const std::function<void()>& fn, int warmup, int repeat) {
-  return alternating_median_device_seconds({fn}, warmup, repeat).front();
+double median_device_seconds(const std::function<void()>& fn, int warmup, int repeat,
+                             int warmup_ms) {
+  return alternating_median_device_seconds({fn}, warmup, repeat, warmup_ms).front();
 }
 
 std::vector<double> alternating_median_device_seconds(const std::vector<std::function<void()>>& fns,
-                                                      int warmup, int repeat) {
+                                                      int warmup, int repeat, int warmup_ms) {
   cudaEvent_t start, stop;
   check(cudaEventCreate(&start), "cudaEventCreate");
   check(cudaEventCreate(&stop), "cudaEventCreate");
@@ -94,6 +95,9 @@ std::vector<double> alternating_median_device_seconds(const std::vector<std::fun
     const float first_ms = batch_ms(fn, 1);
     calls.push_back(std::clamp(static_cast<int>(20.0f / std::max(first_ms, 1e-3f)), 1, 200));
   }
+  // Warm by time too, in turn as the samples are taken.
+  for (float warmed_ms = 0; warmed_ms < static_cast<float>(warmup_ms);)
+    for (std::size_t f = 0; f < fns.size(); ++f) warmed_ms += batch_ms(fns[f], calls[f]);
   std::vector<std::vector<double>> times(fns.size());
   for (int i = 0; i < repeat; ++i)
     for (std::size_t f = 0; f < fns.size(); ++f)

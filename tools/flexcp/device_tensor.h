@@ -44,12 +44,14 @@ int use_rank_gpu(int rank);
 void device_synchronize();
 
 // Median time of one call of `fn` on the device's default stream: events around batches of
-// back-to-back calls.
-double median_device_seconds(const std::function<void()>& fn, int warmup, int repeat);
+// back-to-back calls, after `warmup` calls and then batches for at least `warmup_ms` (timing.h
+// says why).
+double median_device_seconds(const std::function<void()>& fn, int warmup, int repeat,
+                             int warmup_ms = 0);
 // The same for several ways of doing one thing, their samples taken in turn (a batch of the
 // first, one of the second, ..., `repeat` times), so that clock drift and heat reach all alike and
 // their ratios are fair; one median per function, in order.
 std::vector<double> alternating_median_device_seconds(const std::vector<std::function<void()>>& fns,
-                                                      int warmup, int repeat);
+                                                      int warmup, int repeat, int warmup_ms = 0);
 
 }  // namespace flexcp::tools

@@ -8,8 +8,14 @@
 
 namespace flexcp::tools {
 
-inline double median_seconds(const std::function<void()>& fn, int warmup, int repeat) {
+// Warm-up is `warmup` runs, then more until `warmup_ms` milliseconds have passed: a GPU meets its
+// power limit after about a second of sustained work and lowers its clock, so a kernel timed
+// before runs at a clock that training does not see (bench/results/h200-peers-2026-12-04.md).
+inline double median_seconds(const std::function<void()>& fn, int warmup, int repeat,
+                             int warmup_ms = 0) {
   for (int i = 0; i < warmup; ++i) fn();
+  const auto warm_until = std::chrono::steady_clock::now() + std::chrono::milliseconds(warmup_ms);
+  while (std::chrono::steady_clock::now() < warm_until) fn();
   std::vector<double> times;
   for (int i = 0; i < repeat; ++i) {
     const auto t0 = std::chrono::steady_clock::now();
