@@ -2,7 +2,8 @@
 # On a GPU host: where the kernels' block loops spend their cycles (src/kernels/sm90/phase_clock.cuh).
 # Builds build/trace (bf16, head dim 128 only, FLEXCP_SM90_PHASE_CLOCKS on), runs one forward and
 # backward per case (GQA 64:8) and prints, per consumer group of the first CTAs, each phase's
-# cycles per block and its share of the group's cycles (scripts/phases.py).
+# cycles per block and its share of the group's cycles, then a timeline of 16 blocks of CTA 0: when
+# each group ended each phase, side by side (scripts/phases.py).
 #   scripts/gpu-phases.sh OUT [case...]    cases: full-4k causal-4k full-32k causal-32k
 #                                          varlen-causal-32k (default: all five)
 set -euo pipefail

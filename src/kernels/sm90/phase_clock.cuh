@@ -4,6 +4,9 @@
 // -DFLEXCP_SM90_PHASE_CLOCKS (e.g. CMAKE_CUDA_FLAGS; the run script is scripts/gpu-phases.sh);
 // otherwise every call is empty and the kernels' code is unchanged. Nsight Compute's stall
 // samples say which instructions wait; this says how long a block's phases take, in order.
+// The same build records a timeline too: when each phase of kTimelineBlocks steady blocks ended
+// in CTA 0's two consumer groups, on the SM's one clock (`<kernel>-timeline` lines), which shows
+// how the groups' phases interleave, what sums cannot.
 #pragma once
 
 #include <cuda_runtime.h>
@@ -20,6 +23,11 @@ constexpr int kClockFields = 16;  // blocks, total, outside, then the phases
 // Written by the groups at their end, read after the launch: a printf in the kernel would be a
 // call, across which ptxas serialises every wgmma (C7510).
 static __device__ unsigned g_phase_sums[2][kClockCtas][2][kClockFields];
+// The timeline's window: blocks [kTimelineFirst, kTimelineFirst + kTimelineBlocks) of each group
+// of CTA 0 (past the first item's start); per block its start, then each phase's end.
+constexpr int kTimelineFirst = 64;
+constexpr int kTimelineBlocks = 16;
+static __device__ unsigned g_timeline[2][2][kTimelineBlocks][kClockFields];
 #endif
 
 // Phase: an enum class whose last enumerator is kCount. A block's phases are marked in order;
@@ -31,6 +39,7 @@ struct PhaseClock {
   unsigned sum[int(Phase::kCount)] = {};
   unsigned last = 0, begin = 0, blocks = 0;
   bool in_block = false;
+  unsigned* timeline_row = nullptr;  // this block's row of the timeline, where it is recorded
   __device__ static unsigned now() {
     unsigned t;
     asm volatile("mov.u32 %0, %%clock;" : "=r"(t)::"memory");
@@ -43,13 +52,25 @@ struct PhaseClock {
     last = now();
     in_block = true;
     ++blocks;
+    // The group's first thread of CTA 0 (consumers are warp groups 1 and 2 in both kernels)
+    // records the window's blocks; the test is made once a block, so that a mark costs one
+    // predicated store (testing at every mark slowed the traced backward by ~10%, 2026-12-04).
+    const int b = int(blocks) - 1 - kTimelineFirst;
+    timeline_row = blockIdx.x == 0 && threadIdx.x % 128 == 0 && b >= 0 && b < kTimelineBlocks
+                       ? g_timeline[int(kKernel)][threadIdx.x / 128 - 1][b]
+                       : nullptr;
+    if (timeline_row) timeline_row[0] = last;
   }
   __device__ void end_block() {
     in_block = false;
+    timeline_row = nullptr;
   }
   __device__ void mark(Phase phase) {
     const unsigned t = now();
-    if (in_block) sum[int(phase)] += t - last;
+    if (in_block) {
+      sum[int(phase)] += t - last;
+      if (timeline_row) timeline_row[1 + int(phase)] = t;
+    }
     last = t;
   }
   __device__ void report(int group) const {
@@ -85,6 +106,26 @@ inline void print_phases(ClockedKernel kernel, const char* prefix, const char* c
       std::printf("%s cta %d group %d blocks %u total %u outside-blocks %u", prefix, c, g,
                   v[c][g][0], v[c][g][1], v[c][g][2]);
       for (int f = 0; f < phases; ++f) std::printf(" %s %u", phase_names[f], v[c][g][3 + f]);
+      std::printf("\n");
+    }
+  // The timeline, relative to group 0's first block start (the SM clock wraps; differences don't).
+  unsigned t[2][kTimelineBlocks][kClockFields];
+  if (cudaMemcpyFromSymbol(t, g_timeline, sizeof t, sizeof t * int(kernel)) != cudaSuccess) return;
+  const unsigned zeros[2][kTimelineBlocks][kClockFields] = {};  // the next launch's window anew
+  if (cudaMemcpyToSymbol(g_timeline, zeros, sizeof zeros, sizeof zeros * int(kernel)) !=
+      cudaSuccess)
+    return;
+  const char* kernel_name = kernel == ClockedKernel::kForward ? "fwd" : "bwd";
+  for (int b = 0; b < kTimelineBlocks; ++b)
+    for (int g = 0; g < 2; ++g) {
+      std::printf("%s-timeline block %d group %d start %d", kernel_name, kTimelineFirst + b, g,
+                  int(t[g][b][0] - t[0][0][0]));
+      for (int f = 0; f < phases; ++f) {  // "none": a phase this block did not reach
+        if (t[g][b][1 + f] == 0)
+          std::printf(" %s none", phase_names[f]);
+        else
+          std::printf(" %s %d", phase_names[f], int(t[g][b][1 + f] - t[0][0][0]));
+      }
       std::printf("\n");
     }
 }
