@@ -1,0 +1,190 @@
+// How long the sm90 forward's online softmax of one block takes, per consumer warp group, when
+// it runs alone and beside the kinds of work it meets in the kernel: the other group's products
+// (S-like, both operands in shared memory; P V-like, P from registers), its own P V-like product
+// in flight (the kernel's intra-group overlap), and the other group's softmax. The forward's
+// timeline (bench/results/h200-timeline-2026-12-04.md) shows the softmax at ~1565 cycles where
+// its 64 exponentials a thread need 512 on the special-function unit, with the schedulers to
+// itself: this says which neighbour, if any, slows it. A developer's measurement on a GPU host:
+//   build/gpu/bench/sm90_softmax_contention
+// The softmax is the kernel's own (fwd_softmax.cuh, an unmasked block); the products are the
+// kernel's own MMA types on shared-memory tiles of zeros. Every SM runs one CTA, as the kernel
+// does, so the chip's clock and power are as in a real launch; cycles are per SM, so they do not
+// depend on the clock.
+#include <cuda_runtime.h>
+
+#include <cmath>
+#include <cstdio>
+#include <vector>
+
+#include "kernels/sm90/fwd_config.cuh"
+#include "kernels/sm90/fwd_softmax.cuh"
+#include "kernels/sm90/kernel_common.cuh"
+
+namespace {
+
+using namespace flexcp::sm90;
+namespace kd = flexcp::sm90::detail;  // (cute has a detail namespace too)
+using Cfg = FwdConfig<cutlass::bfloat16_t, 128>;
+using Element = Cfg::Element;
+
+enum class Beside : int { kNothing, kSsProducts, kRsProducts, kOwnRsProduct, kSoftmax };
+constexpr const char* kBesideNames[] = {
+    "alone", "beside the other group's S-like products (shared-memory operands)",
+    "beside the other group's P V-like products (P from registers)",
+    "with its own P V-like product in flight", "beside the other group's softmax"};
+constexpr int kIterations = 4096;
+constexpr int kThreads = 384;  // as the kernel: a (here idle) producer group and two consumers
+
+// P in the A-operand register layout of P V, as the forward keeps it.
+using PLayout = cute::Layout<
+    cute::Shape<cute::Shape<cute::_2, cute::_2, cute::_2>, cute::_1, cute::Int<kBlockN / 16>>>;
+
+template <Beside kBeside>
+__global__ void __launch_bounds__(kThreads, 1)
+    softmax_beside(const __grid_constant__ FwdParams p, unsigned long long* cycles, float* sink) {
+  using namespace cute;
+  extern __shared__ char smem_raw[];
+  auto& ss = kd::shared_storage<Cfg::SharedStorage>(smem_raw);
+  __shared__ volatile int measured_done;
+  for (int i = threadIdx.x; i < int(ss.q.size()); i += kThreads) ss.q[i] = Element(0.f);
+  for (int i = threadIdx.x; i < int(ss.k.size()); i += kThreads) ss.k[i] = Element(0.f);
+  for (int i = threadIdx.x; i < int(ss.v.size()); i += kThreads) ss.v[i] = Element(0.f);
+  if (threadIdx.x == 0) measured_done = 0;
+  cutlass::arch::fence_view_async_shared();  // the tiles, visible to the tensor cores
+  __syncthreads();
+  const int wg = threadIdx.x / 128;
+  if (wg == 0) return;
+
+  Cfg::MmaQK mma_qk;
+  Cfg::MmaPV mma_pv;
+  Tensor tSrS = partition_fragment_C(mma_qk, select<0, 1>(Cfg::TileQK{}));
+  Tensor tOrO = partition_fragment_C(mma_pv, select<0, 1>(Cfg::TilePV{}));
+  Tensor tOrP = make_tensor<Element>(PLayout{});
+  clear(tSrS);
+  clear(tOrO);
+  CUTLASS_PRAGMA_UNROLL
+  for (int i = 0; i < size(tOrP); ++i) tOrP(i) = Element(0.f);
+  const int first = (wg - 1) * 128;
+  Tensor q = mma_qk.get_thread_slice(first).partition_fragment_A(
+      make_tensor(make_smem_ptr(ss.q.data()), Cfg::SmemLayoutQ{}));
+  Tensor k = mma_qk.get_thread_slice(first).partition_fragment_B(
+      make_tensor(make_smem_ptr(ss.k.data()), Cfg::SmemLayoutKV{}));
+  Tensor v = mma_pv.get_thread_slice(first).partition_fragment_B(
+      make_tensor(make_smem_ptr(ss.v.data()), Cfg::SmemLayoutVt{}));
+  auto issue_s = [&] {  // accumulating, so that back-to-back products are all live
+    warpgroup_fence_operand(tSrS);
+    warpgroup_arrive();
+    kd::issue_gemm<false>(mma_qk, q(_, _, _, 0), k(_, _, _, 0), tSrS);
+    warpgroup_commit_batch();
+  };
+  auto issue_pv = [&] {
+    warpgroup_fence_operand(tOrO);
+    warpgroup_fence_operand(tOrP);
+    warpgroup_arrive();
+    kd::issue_gemm<false>(mma_pv, tOrP, v(_, _, _, 0), tOrO);
+    warpgroup_commit_batch();
+  };
+
+  constexpr bool kProducts = kBeside == Beside::kSsProducts || kBeside == Beside::kRsProducts;
+  if (wg == 2 && kProducts) {  // the other group: products back to back until the first is done
+    while (!measured_done) {
+      if constexpr (kBeside == Beside::kSsProducts) {
+        issue_s();
+        issue_s();
+      } else {
+        issue_pv();
+        issue_pv();
+      }
+      warpgroup_wait<0>();
+      warpgroup_fence_operand(tSrS);
+      warpgroup_fence_operand(tOrO);
+    }
+    sink[blockIdx.x * kThreads + threadIdx.x] = tSrS(0) + tOrO(0);
+    return;
+  }
+  if (wg == 2 && kBeside != Beside::kSoftmax) return;
+
+  // The softmax's state as the kernel keeps it; an unmasked block.
+  const kd::FwdBlock blk{0, 1 << 30, 0, flexcp::EntryMask::kNone};
+  kd::Rows rows{};
+  for (int h = 0; h < 2; ++h) rows.max[h] = -INFINITY;
+  const int col_base = 2 * (threadIdx.x % 4);
+  float correction[2];
+  CUTLASS_PRAGMA_UNROLL
+  for (int i = 0; i < size(tSrS); ++i) tSrS(i) = 0.01f * float((threadIdx.x * 7 + i * 13) % 97);
+  const unsigned long long t0 = clock64();
+  for (int it = 0; it < kIterations; ++it) {
+    if constexpr (kBeside == Beside::kOwnRsProduct) issue_pv();
+    kd::online_softmax<kBlockN>(p, tSrS, blk, rows, col_base, correction);
+    if constexpr (kBeside == Beside::kOwnRsProduct) {
+      warpgroup_wait<0>();
+      warpgroup_fence_operand(tOrO);
+      warpgroup_fence_operand(tOrP);
+    }
+    // The next block's scores, from this one's (so that no iteration can be skipped or merged).
+    CUTLASS_PRAGMA_UNROLL
+    for (int i = 0; i < size(tSrS); ++i) tSrS(i) = fmaf(tSrS(i), 0.5f, correction[i % 2]);
+  }
+  const unsigned long long t1 = clock64();
+  if (wg == 1) {
+    if (threadIdx.x == 128) cycles[blockIdx.x] = t1 - t0;
+    __syncwarp();
+    if (threadIdx.x == 128) measured_done = 1;
+  }
+  sink[blockIdx.x * kThreads + threadIdx.x] = rows.sum[0] + rows.sum[1] + tOrO(0);
+}
+
+void check(cudaError_t e, const char* what) {
+  if (e != cudaSuccess) {
+    std::fprintf(stderr, "sm90_softmax_contention: %s: %s\n", what, cudaGetErrorString(e));
+    std::exit(1);
+  }
+}
+
+template <Beside kBeside>
+double cycles_per_softmax(int sms, unsigned long long* cycles, float* sink) {
+  FwdParams p{};
+  p.scale_log2 = float(M_LOG2E / std::sqrt(128.0));
+  auto kernel = softmax_beside<kBeside>;
+  check(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, Cfg::kSmemBytes),
+        "shared memory");
+  for (int run = 0; run < 2; ++run)  // the first run warms the clock and caches
+    kernel<<<sms, kThreads, Cfg::kSmemBytes>>>(p, cycles, sink);
+  check(cudaDeviceSynchronize(), "running the kernel");
+  std::vector<unsigned long long> c(sms);
+  check(cudaMemcpy(c.data(), cycles, sms * sizeof(c[0]), cudaMemcpyDeviceToHost), "copy back");
+  double sum = 0;
+  for (unsigned long long x : c) sum += double(x);
+  return sum / sms / kIterations;
+}
+
+}  // namespace
+
+int main() {
+  int device = 0, sms = 0, major = 0;
+  check(cudaGetDevice(&device), "device");
+  check(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device), "SM count");
+  check(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device), "capability");
+  if (major != 9) {
+    std::printf("sm90_softmax_contention: needs an sm_90 GPU (this one is sm_%d x)\n", major);
+    return 0;
+  }
+  unsigned long long* cycles = nullptr;
+  float* sink = nullptr;
+  check(cudaMalloc(&cycles, sms * sizeof(*cycles)), "cudaMalloc");
+  check(cudaMalloc(&sink, sms * kThreads * sizeof(*sink)), "cudaMalloc");
+  const double alone = cycles_per_softmax<Beside::kNothing>(sms, cycles, sink);
+  const double per[] = {alone, cycles_per_softmax<Beside::kSsProducts>(sms, cycles, sink),
+                        cycles_per_softmax<Beside::kRsProducts>(sms, cycles, sink),
+                        cycles_per_softmax<Beside::kOwnRsProduct>(sms, cycles, sink),
+                        cycles_per_softmax<Beside::kSoftmax>(sms, cycles, sink)};
+  std::printf(
+      "one consumer group's online softmax of a %dx%d block (64 exponentials a thread; "
+      "512 cycles on the special-function unit), SM cycles per block, mean of %d SMs:\n",
+      kBlockM / 2, kBlockN, sms);
+  for (int b = 0; b < 5; ++b)
+    std::printf("  %-70s %7.0f  (%.2fx alone)\n", kBesideNames[b], per[b], per[b] / alone);
+  cudaFree(cycles);
+  cudaFree(sink);
+  return 0;
+}
