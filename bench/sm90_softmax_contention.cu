@@ -180,7 +180,8 @@ int main() {
                         cycles_per_softmax<Beside::kSoftmax>(sms, cycles, sink)};
   std::printf(
       "one consumer group's online softmax of a %dx%d block (64 exponentials a thread; "
-      "512 cycles on the special-function unit), SM cycles per block, mean of %d SMs:\n",
+      "512 cycles on the special-function unit; with 64 FMAs making the next block's scores), SM "
+      "cycles per block, mean of %d SMs:\n",
       kBlockM / 2, kBlockN, sms);
   for (int b = 0; b < 5; ++b)
     std::printf("  %-70s %7.0f  (%.2fx alone)\n", kBesideNames[b], per[b], per[b] / alone);
