@@ -38,6 +38,7 @@ struct BwdConfig {
                                               // while the other still reads this one's for dQ
   static constexpr int kConsumers = 2;
   static constexpr int kThreads = 128 * (kConsumers + 1);
+  static constexpr int kConsumerThreads = 128 * kConsumers;  // what the groups' barriers count
   // The producer warp group's second warp adds the consumers' staged dQ to the accumulator
   // (bwd_dq_writer.cuh), so that a group hands its tile over with an arrive (measured against
   // each group's leader issuing the reductions after a barrier of its group: 1.7-3.5% faster,

@@ -249,7 +249,8 @@ struct BwdBlockMma {
         copy(store_ds, thr_store_ds.retile_S(rdS), tDSsdS(_, _, _, ds_stage));
       }
       cutlass::arch::fence_view_async_shared();  // the writes, visible to the tensor cores
-      cutlass::arch::NamedBarrier::sync(256, static_cast<std::uint32_t>(BwdBarrier::kDsReady));
+      cutlass::arch::NamedBarrier::sync(Cfg::kConsumerThreads,
+                                        static_cast<std::uint32_t>(BwdBarrier::kDsReady));
       clock.mark(BwdPhase::kDsShared);
       issue_ss(mma_dq, tDQrdS(_, _, _, dss), tDQrK, tdQrdQ);
     }

@@ -28,6 +28,7 @@ struct FwdConfig {
   static constexpr int kQStages = 2;
   static constexpr int kConsumers = 2;  // warp groups of 64 rows each
   static constexpr int kThreads = 128 * (kConsumers + 1);
+  static constexpr int kConsumerThreads = 128 * kConsumers;  // what the groups' barriers count
   // Register budgets: the consumers hold O (kHeadDim / 2 fp32 a thread), S (kBlockN / 2), P in
   // the input dtype and the softmax's state; the producer (one thread issuing loads) takes the
   // rest. The pool is fixed at launch (the launch bound's share of the 64K-register file, 168 a

@@ -182,7 +182,8 @@ struct FwdMainloop {
                   decltype(cute::size(tOrO))::value == kHeadDim / 2);
     // The second group's first arrival lets the first one start.
     if (wg == 2)
-      cutlass::arch::NamedBarrier::arrive(256, static_cast<std::uint32_t>(FwdBarrier::kTurn));
+      cutlass::arch::NamedBarrier::arrive(Cfg::kConsumerThreads,
+                                          static_cast<std::uint32_t>(FwdBarrier::kTurn));
   }
   template <class Layout>
   __device__ __forceinline__ static auto smem(Element* data, Layout layout) {
@@ -274,20 +275,20 @@ struct FwdMainloop {
   }
   // One turn on the tensor cores: issue this group's products, then hand the turn over.
   __device__ __forceinline__ void turn_s() {
-    cutlass::arch::NamedBarrier::sync(256, my_turn);
+    cutlass::arch::NamedBarrier::sync(Cfg::kConsumerThreads, my_turn);
     issue_s();
-    cutlass::arch::NamedBarrier::arrive(256, other_turn);
+    cutlass::arch::NamedBarrier::arrive(Cfg::kConsumerThreads, other_turn);
   }
   __device__ __forceinline__ void turn_s_pv() {
-    cutlass::arch::NamedBarrier::sync(256, my_turn);
+    cutlass::arch::NamedBarrier::sync(Cfg::kConsumerThreads, my_turn);
     issue_s();
     issue_pv();
-    cutlass::arch::NamedBarrier::arrive(256, other_turn);
+    cutlass::arch::NamedBarrier::arrive(Cfg::kConsumerThreads, other_turn);
   }
   __device__ __forceinline__ void turn_pv() {
-    cutlass::arch::NamedBarrier::sync(256, my_turn);
+    cutlass::arch::NamedBarrier::sync(Cfg::kConsumerThreads, my_turn);
     issue_pv();
-    cutlass::arch::NamedBarrier::arrive(256, other_turn);
+    cutlass::arch::NamedBarrier::arrive(Cfg::kConsumerThreads, other_turn);
   }
   // S landed; with kBehind, the P V issued after it may still run.
   template <int kBehind>
