@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # One full check on a GPU host (the lent H200): builds everything with all cores in build/gpu, reads
 # the kernel's resources and instructions, runs the whole ctest suite (GPU tests included), runs
-# compute-sanitizer memcheck and racecheck on a small case, and, when lengths are given, the
+# compute-sanitizer memcheck and racecheck on a small case, times the forward's softmax beside the
+# kernel's other work (bench/sm90_softmax_contention), and, when lengths are given, the
 # benchmark against the peers. Writes its logs under the folder given (default gpu-results/).
 #   scripts/gpu-check.sh OUT [bench lengths...]       e.g. scripts/gpu-check.sh "$OUT" 1024 32768
 # The bench's environment passes through (BACKWARD=1, MASKS=..., see bench/gpu_bench.sh);
@@ -11,7 +12,7 @@
 # Python suite or the sanitizers on a tree whose tests have passed in an earlier call).
 # The device image has every build dependency but CUTLASS: carry .deps/cutlass (docs/gpu-host.md).
 set -uo pipefail
-cd "$(dirname "$0")/.."
+cd "$(dirname "$0")/.." || exit 1
 out=${1:-gpu-results}
 shift || true
 mkdir -p "$out"
@@ -74,6 +75,13 @@ for tool in "${tools[@]}"; do
 done
 rm -f "$out/sanitizer.log"
 echo "sanitizers: $((SECONDS - t0)) s" >> "$summary"
+
+# The forward's softmax beside the kernel's other work (seconds; bench/README.md).
+contention=build/gpu/bench/sm90_softmax_contention
+if [[ -x $contention ]]; then
+  "$contention" > "$out/softmax-contention.txt" 2>&1 || rc=1
+  cat "$out/softmax-contention.txt" >> "$summary"
+fi
 
 # The kernel protocol (DESIGN §6): GQA 64:8 and MHA 16 heads, head dim 128, bf16.
 if (($#)); then
