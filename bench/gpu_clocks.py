@@ -25,12 +25,19 @@ class _Nvml:
     """The few NVML calls the sampler needs; `None` handle where NVML cannot be loaded."""
 
     def __init__(self):
-        self.lib = self.handle = None
+        self.lib = self.handle = self.reasons = None
         try:
             lib = ctypes.CDLL("libnvidia-ml.so.1")
             handle = ctypes.c_void_p()
-            if lib.nvmlInit_v2() != 0 or lib.nvmlDeviceGetHandleByIndex_v2(0, ctypes.byref(handle)) != 0:
+            if (lib.nvmlInit_v2() != 0 or
+                    lib.nvmlDeviceGetHandleByIndex_v2(0, ctypes.byref(handle)) != 0):
                 return
+            # The limit reasons under their newer name, or the older one older drivers export.
+            for name in ("nvmlDeviceGetCurrentClocksEventReasons",
+                         "nvmlDeviceGetCurrentClocksThrottleReasons"):
+                if hasattr(lib, name):
+                    self.reasons = getattr(lib, name)
+                    break
             self.lib, self.handle = lib, handle
         except OSError:
             pass
@@ -41,8 +48,8 @@ class _Nvml:
         mhz, mw, reasons = ctypes.c_uint(), ctypes.c_uint(), ctypes.c_ulonglong()
         if (self.lib.nvmlDeviceGetClockInfo(self.handle, NVML_CLOCK_SM, ctypes.byref(mhz)) != 0 or
                 self.lib.nvmlDeviceGetPowerUsage(self.handle, ctypes.byref(mw)) != 0 or
-                self.lib.nvmlDeviceGetCurrentClocksThrottleReasons(self.handle,
-                                                                   ctypes.byref(reasons)) != 0):
+                (self.reasons is not None and
+                 self.reasons(self.handle, ctypes.byref(reasons)) != 0)):
             return None
         return mhz.value, mw.value / 1000.0, bool(reasons.value & LIMIT_REASONS)
 
