@@ -105,7 +105,6 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
       while (!last) {
         ml.clock.block();
         ml.wait_k();
-        ml.wait_v();
         ml.clock.mark(detail::FwdPhase::kLoads);
         ml.turn_s_pv();
         ml.clock.mark(detail::FwdPhase::kTurn);
@@ -136,7 +135,6 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
       }
       ml.wait_q();
       ml.wait_k();
-      ml.wait_v();
       ml.turn_s_pv();
       ml.wait_pv();
       warpgroup_fence_operand(ml.tSrS);

@@ -90,7 +90,7 @@ __device__ __forceinline__ void load_fwd_items(const FwdParams& p, typename Cfg:
 // The phases of a consumer group's key block after an item's first, for the phase clocks
 // (phase_clock.cuh).
 enum class FwdPhase : int {
-  kLoads,    // wait for K and V
+  kLoads,    // wait for K (V is waited for in the turn, after S is issued)
   kTurn,     // wait for this group's turn on the tensor cores, issue S and the last P V
   kWaitS,    // wait for S
   kSoftmax,  // move the cursor on, mask, online softmax
@@ -279,9 +279,12 @@ struct FwdMainloop {
     issue_s();
     cutlass::arch::NamedBarrier::arrive(Cfg::kConsumerThreads, other_turn);
   }
+  // V is waited for between the two products: its wait (loaded a block ahead, it is there) then
+  // costs the turn nothing the S product's issue does not already cover.
   __device__ __forceinline__ void turn_s_pv() {
     cutlass::arch::NamedBarrier::sync(Cfg::kConsumerThreads, my_turn);
     issue_s();
+    wait_v();
     issue_pv();
     cutlass::arch::NamedBarrier::arrive(Cfg::kConsumerThreads, other_turn);
   }
