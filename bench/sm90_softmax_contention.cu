@@ -46,6 +46,7 @@ __global__ void __launch_bounds__(kThreads, 1)
   extern __shared__ char smem_raw[];
   auto& ss = kd::shared_storage<Cfg::SharedStorage>(smem_raw);
   __shared__ volatile int measured_done;
+  __shared__ volatile int group_stop;  // measured_done as the other group last read it
   for (int i = threadIdx.x; i < int(ss.q.size()); i += kThreads) ss.q[i] = Element(0.f);
   for (int i = threadIdx.x; i < int(ss.k.size()); i += kThreads) ss.k[i] = Element(0.f);
   for (int i = threadIdx.x; i < int(ss.v.size()); i += kThreads) ss.v[i] = Element(0.f);
@@ -87,17 +88,27 @@ __global__ void __launch_bounds__(kThreads, 1)
 
   constexpr bool kProducts = kBeside == Beside::kSsProducts || kBeside == Beside::kRsProducts;
   if (wg == 2 && kProducts) {  // the other group: products back to back until the first is done
-    while (!measured_done) {
-      if constexpr (kBeside == Beside::kSsProducts) {
-        issue_s();
-        issue_s();
-      } else {
-        issue_pv();
-        issue_pv();
+    // A product is the whole warp group's instruction: every warp must leave the loop after the
+    // same product, so one thread reads the flag and the group reads its copy between barriers
+    // (warps that each read the flag could part ways, and a product issued by fewer than four
+    // warps is an illegal instruction).
+    constexpr int kOtherGroupBarrier = 1;  // 0 is __syncthreads'
+    bool stop = false;
+    while (!stop) {
+      CUTLASS_PRAGMA_UNROLL
+      for (int i = 0; i < 4; ++i) {
+        if constexpr (kBeside == Beside::kSsProducts)
+          issue_s();
+        else
+          issue_pv();
       }
       warpgroup_wait<0>();
       warpgroup_fence_operand(tSrS);
       warpgroup_fence_operand(tOrO);
+      cutlass::arch::NamedBarrier::sync(128, kOtherGroupBarrier);
+      if (threadIdx.x == 256) group_stop = measured_done;
+      cutlass::arch::NamedBarrier::sync(128, kOtherGroupBarrier);
+      stop = group_stop;
     }
     sink[blockIdx.x * kThreads + threadIdx.x] = tSrS(0) + tOrO(0);
     return;
