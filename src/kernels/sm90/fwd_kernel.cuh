@@ -100,8 +100,9 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
     // item's first S.
     for (;;) {
       // Each further block: one turn on the tensor cores issues its S and the previous block's
-      // P V (the other group runs its softmax meanwhile); this group's softmax of S then
-      // overlaps its own P V, and O is rescaled once that product has landed.
+      // P V (the other group runs its softmax meanwhile). This group finds S's row maxima while
+      // its own P V runs, waits for that product and rescales O, then exponentiates beside the
+      // other group's products (wait_pv_and_rescale says why in that order).
       while (!last) {
         ml.clock.block();
         ml.wait_k();
@@ -112,10 +113,13 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
         ml.clock.mark(detail::FwdPhase::kWaitS);
         ml.release_k();
         last = ml.take_block();
-        ml.softmax();
-        ml.clock.mark(detail::FwdPhase::kSoftmax);
+        ml.softmax_max();
+        ml.clock.mark(detail::FwdPhase::kMax);
         ml.wait_pv_and_rescale();
         ml.clock.mark(detail::FwdPhase::kWaitPv);
+        ml.softmax_exp(0);
+        ml.softmax_exp(1);
+        ml.clock.mark(detail::FwdPhase::kExp);
         ml.release_v();
         ml.convert_p();
         ml.clock.mark(detail::FwdPhase::kConvert);

@@ -93,13 +93,14 @@ enum class FwdPhase : int {
   kLoads,    // wait for K (V is waited for in the turn, after S is issued)
   kTurn,     // wait for this group's turn on the tensor cores, issue S and the last P V
   kWaitS,    // wait for S
-  kSoftmax,  // move the cursor on, mask, online softmax
+  kMax,      // move the cursor on, mask, row maxima
   kWaitPv,   // wait for the last P V, rescale O
+  kExp,      // exponentials and row sums
   kConvert,  // release V, P to the input dtype
   kCount
 };
-inline constexpr const char* kFwdPhaseNames[] = {"loads",   "turn",    "wait-s",
-                                                 "softmax", "wait-pv", "convert"};
+inline constexpr const char* kFwdPhaseNames[] = {"loads",   "turn", "wait-s", "max",
+                                                 "wait-pv", "exp",  "convert"};
 static_assert(sizeof(kFwdPhaseNames) / sizeof(kFwdPhaseNames[0]) == int(FwdPhase::kCount));
 
 // A consumer warp group's part of the forward: its 64 rows of the tile, the block cursor over the
@@ -155,6 +156,7 @@ struct FwdMainloop {
   EntryMask blk_mask = EntryMask::kNone;
   // The softmax's rescale of what O accumulated before.
   float correction[2];
+  float m_use[2];  // what each row's exponents subtract (softmax_max to softmax_exp)
   PhaseClock<FwdPhase, ClockedKernel::kForward> clock;  // empty unless FLEXCP_SM90_PHASE_CLOCKS
 
   // wg: this consumer's warp group (1 or 2); ctid: 0..255 over both consumer warp groups.
@@ -232,6 +234,15 @@ struct FwdMainloop {
     online_softmax<kBlockN>(p, tSrS, {blk_c0, blk_end, blk_band, blk_mask}, rows, col_base,
                             correction);
   }
+  // The same in two steps (the row maxima, then row h's exponentials), for the blocks whose
+  // softmax waits for the P V of the block before between them (wait_pv_and_rescale).
+  __device__ __forceinline__ void softmax_max() {
+    detail::softmax_max<kBlockN>(p, tSrS, {blk_c0, blk_end, blk_band, blk_mask}, rows, col_base,
+                                 correction, m_use);
+  }
+  __device__ __forceinline__ void softmax_exp(int h) {
+    detail::softmax_exp<kBlockN>(p, tSrS, rows, h, correction, m_use);
+  }
   __device__ __forceinline__ void convert_p() {
     constexpr int n = decltype(cute::size(tSrS))::value;
     cutlass::NumericArrayConverter<Element, float, n> convert;
@@ -304,16 +315,16 @@ struct FwdMainloop {
     cute::warpgroup_fence_operand(tOrO);
     cute::warpgroup_fence_operand(tOrP);
   }
-  // After the softmax of a block whose P V of the block before still runs: wait for that product
-  // and rescale O when a row's maximum moved. Once the row maxima settle, most blocks leave them
-  // unchanged: the rescale is skipped when no row of the warp moved (a warp-uniform test). The
-  // wait sits in both arms on purpose: ptxas hoists a wgmma wait to the top of its basic block,
-  // so the wait must start a block that follows the whole softmax, or the softmax would not
-  // overlap the product. The row-sum term (never true: sums are >= 0, NaN aside) makes the branch
-  // read every exponential, so that none of them is sunk below it.
+  // Between the two steps of the softmax of a block whose P V of the block before still runs:
+  // wait for that product and rescale O when a row's maximum moved. The exponentials then run
+  // beside the other group's products, not beside this group's own P V, which slows them most
+  // (bench/sm90_softmax_contention: 1.74x their time alone, against 1.20x beside the other
+  // group's P V; h200-timeline-2026-12-04.md). ptxas hoists a wgmma wait to the top of its basic
+  // block: the branch, which reads the corrections, keeps the wait after the maxima. Once the row
+  // maxima settle, most blocks leave them unchanged: the rescale is skipped when no row of the
+  // warp moved (a warp-uniform test).
   __device__ __forceinline__ void wait_pv_and_rescale() {
-    if (__any_sync(0xffffffffu, correction[0] != 1.f || correction[1] != 1.f ||
-                                    !(rows.sum[0] + rows.sum[1] >= 0.f))) {
+    if (__any_sync(0xffffffffu, correction[0] != 1.f || correction[1] != 1.f)) {
       wait_pv();
       CUTLASS_PRAGMA_UNROLL
       for (int h = 0; h < 2; ++h) CUTLASS_PRAGMA_UNROLL

@@ -30,11 +30,14 @@ struct FwdBlock {
   EntryMask mask;
 };
 
-// S (q.k products) to P in fp32, in place, with the rows' running maximum and sum updated;
-// `correction` returns the factor that rescales what O accumulated before.
+// The online softmax in two steps, so that the kernel can wait for its own P V between them:
+// softmax_max softcaps and masks S in place and moves the rows' running maxima on (`correction`
+// returns the factor that rescales what O accumulated before, `m_use` what row h's exponents
+// subtract); softmax_exp turns row h of S into P in fp32 and moves its running sum on.
 template <int kBlockN, class Frag>
-__device__ __forceinline__ void online_softmax(const FwdParams& p, Frag& s, const FwdBlock& blk,
-                                               Rows& rows, int col_base, float (&correction)[2]) {
+__device__ __forceinline__ void softmax_max(const FwdParams& p, Frag& s, const FwdBlock& blk,
+                                            Rows& rows, int col_base, float (&correction)[2],
+                                            float (&m_use)[2]) {
   if (p.softcap > 0.f) {
     CUTLASS_PRAGMA_UNROLL
     for (int x = 0; x < cute::size(s); ++x)
@@ -71,8 +74,8 @@ __device__ __forceinline__ void online_softmax(const FwdParams& p, Frag& s, cons
         if (8 * j + c >= hi32[h]) s(c + 2 * h + 4 * j) = -INFINITY;
     }
   }
-  // Row maxima and sums as four independent chains per row: with two consumer warps per
-  // scheduler, dependent chains (not throughput) bound this loop.
+  // Row maxima as four independent chains per row: with two consumer warps per scheduler,
+  // dependent chains (not throughput) bound this loop.
   constexpr int kChains = 4;
   float mx[2];
   CUTLASS_PRAGMA_UNROLL
@@ -92,19 +95,36 @@ __device__ __forceinline__ void online_softmax(const FwdParams& p, Frag& s, cons
   CUTLASS_PRAGMA_UNROLL
   for (int h = 0; h < 2; ++h) {
     const float m_new = fmaxf(rows.max[h], mx[h] * p.scale_log2);
-    const float m_use = m_new == -INFINITY ? 0.f : m_new;
-    correction[h] = exp2_approx(rows.max[h] - m_use);
+    m_use[h] = m_new == -INFINITY ? 0.f : m_new;  // a row with nothing attended yet
+    correction[h] = exp2_approx(rows.max[h] - m_use[h]);
     rows.max[h] = m_new;
-    float part[kChains] = {0.f, 0.f, 0.f, 0.f};
-    CUTLASS_PRAGMA_UNROLL
-    for (int j = 0; j < kBlockN / 8; ++j) CUTLASS_PRAGMA_UNROLL
-    for (int c = 0; c < 2; ++c) {
-      float& x = s(c + 2 * h + 4 * j);
-      x = exp2_approx(fmaf(x, p.scale_log2, -m_use));
-      part[j % kChains] += x;
-    }
-    rows.sum[h] = rows.sum[h] * correction[h] + ((part[0] + part[1]) + (part[2] + part[3]));
   }
+}
+
+template <int kBlockN, class Frag>
+__device__ __forceinline__ void softmax_exp(const FwdParams& p, Frag& s, Rows& rows, int h,
+                                            const float (&correction)[2], const float (&m_use)[2]) {
+  // Four independent chains, as the maxima's.
+  constexpr int kChains = 4;
+  float part[kChains] = {0.f, 0.f, 0.f, 0.f};
+  CUTLASS_PRAGMA_UNROLL
+  for (int j = 0; j < kBlockN / 8; ++j) CUTLASS_PRAGMA_UNROLL
+  for (int c = 0; c < 2; ++c) {
+    float& x = s(c + 2 * h + 4 * j);
+    x = exp2_approx(fmaf(x, p.scale_log2, -m_use[h]));
+    part[j % kChains] += x;
+  }
+  rows.sum[h] = rows.sum[h] * correction[h] + ((part[0] + part[1]) + (part[2] + part[3]));
+}
+
+// Both steps: S to P in fp32, in place, with the rows' running maximum and sum updated.
+template <int kBlockN, class Frag>
+__device__ __forceinline__ void online_softmax(const FwdParams& p, Frag& s, const FwdBlock& blk,
+                                               Rows& rows, int col_base, float (&correction)[2]) {
+  float m_use[2];
+  softmax_max<kBlockN>(p, s, blk, rows, col_base, correction, m_use);
+  CUTLASS_PRAGMA_UNROLL
+  for (int h = 0; h < 2; ++h) softmax_exp<kBlockN>(p, s, rows, h, correction, m_use);
 }
 
 }  // namespace flexcp::sm90::detail
