@@ -46,12 +46,22 @@ for t in "${lengths[@]}"; do
   $a mask --mask sliding-window --window 1024 --seqlen "$t" --out "$specs/swa1024-$t.json" >/dev/null
   for m in $masks; do names+=("$m-$t"); done
 done
-dir=fwd bwd_flag=()
-[[ -n "${BACKWARD:-}" ]] && dir=bwd bwd_flag=(--backward)
-tflops() {  # variables cli spec -> TFLOPS of one bench call, in the direction compared
-  # shellcheck disable=SC2086  # the variables are a list of assignments
-  env $1 "$2" bench --device cuda --mask-file "$3" --heads "$heads" --heads-kv "$heads_kv" \
-    --head-dim 128 --dtype bf16 --warmup 3 --warmup-ms 500 --repeat "$samples" "${bwd_flag[@]}" |
+dir=fwd
+[[ -n "${BACKWARD:-}" ]] && dir=bwd
+# Only the direction compared is timed (`bench --only`); a build older than that option times
+# the forward and, for the backward, all three directions.
+direction_flags() {  # cli -> its bench options for the direction compared
+  if "$1" bench --help | grep -q -- --only; then
+    echo "--only $dir"
+  elif [[ $dir == bwd ]]; then
+    echo --backward
+  fi
+}
+a_flags=$(direction_flags "$a") b_flags=$(direction_flags "$b")
+tflops() {  # variables cli flags spec -> TFLOPS of one bench call, in the direction compared
+  # shellcheck disable=SC2086  # the variables and the flags are lists
+  env $1 "$2" bench --device cuda --mask-file "$4" --heads "$heads" --heads-kv "$heads_kv" \
+    --head-dim 128 --dtype bf16 --warmup 3 --warmup-ms 500 --repeat "$samples" $3 |
     sed -n "s/.* dir=$dir .*TFLOPS=\([0-9.]*\).*/\1/p"
 }
 # The middle value; with an even count, the mean of the middle two (not the lower one).
@@ -65,8 +75,8 @@ median() {
   for n in "${names[@]}"; do
     as=() bs=()
     for ((r = 0; r < rounds; ++r)); do
-      as+=("$(tflops "${A_ENV:-}" "$a" "$specs/$n.json")")
-      bs+=("$(tflops "${B_ENV:-}" "$b" "$specs/$n.json")")
+      as+=("$(tflops "${A_ENV:-}" "$a" "$a_flags" "$specs/$n.json")")
+      bs+=("$(tflops "${B_ENV:-}" "$b" "$b_flags" "$specs/$n.json")")
     done
     ma=$(echo "${as[*]}" | median) mb=$(echo "${bs[*]}" | median)
     printf '%-22s %10.1f %10.1f %8.3f   %s | %s\n' "$n" "$ma" "$mb" "$(awk -v a="$ma" -v b="$mb" 'BEGIN {print a / b}')" \

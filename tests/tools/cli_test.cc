@@ -347,6 +347,25 @@ TEST_F(Cli, BenchPrintsJsonAndRunChecksItself) {
   EXPECT_NE(r.output.find("imbalance"), std::string::npos) << r.output;
 }
 
+// --only times one direction and reports only it; bwd implies --backward.
+TEST_F(Cli, BenchTimesOnlyTheDirectionAsked) {
+  const std::string bench =
+      "bench --mask causal --seqlen 200 --heads 2 --heads-kv 1 --head-dim 64 --dtype fp32 --json "
+      "--repeat 1 --only ";
+  for (const char* dir : {"fwd", "bwd", "fwd+bwd"}) {
+    const Result r = run_cli(bench + dir);
+    ASSERT_EQ(r.code, 0) << r.output;
+    const auto j = nlohmann::json::parse(r.output);
+    ASSERT_EQ(j.size(), 1u) << r.output;
+    EXPECT_EQ(j[0]["direction"], dir);
+    EXPECT_GT(j[0]["tflops"].get<double>(), 0.0);
+  }
+  const Result bad = run_cli(bench + "backward");
+  EXPECT_EQ(bad.code, 2) << bad.output;
+  EXPECT_NE(bad.output.find("--only"), std::string::npos) << bad.output;
+  EXPECT_NE(bad.output.find("backward"), std::string::npos) << bad.output;
+}
+
 // --warmup-ms keeps running untimed for that long before the timed runs (so that a GPU has met
 // its power limit): the same bench takes at least that much longer with it.
 TEST_F(Cli, BenchWarmsUpForTheTimeAsked) {

@@ -29,10 +29,21 @@ struct BenchArgs {
   bool json = false;
   int warmup = 1, repeat = 3;
   int warmup_ms = 0;  // untimed runs for at least this long after `warmup` (timing.h)
+  std::string only;   // one direction timed ("fwd", "bwd", "fwd+bwd"); empty: all asked
 };
 
+// The directions a bench times: the forward, and with --backward the backward and the pair;
+// --only keeps one (an A/B of one direction then spends no device time on the others).
+struct Directions {
+  bool fwd, bwd, fwd_bwd;
+};
+Directions directions(const BenchArgs& a) {
+  if (a.only.empty()) return {true, a.backward, a.backward};
+  return {a.only == "fwd", a.only == "bwd", a.only == "fwd+bwd"};
+}
+
 struct Times {
-  double fwd = 0, bwd = 0, fwd_bwd = 0;  // median seconds; bwd and fwd_bwd only with backward
+  double fwd = 0, bwd = 0, fwd_bwd = 0;  // median seconds; 0 where not timed
 };
 
 #if defined(FLEXCP_TOOLS_CUDA)
@@ -123,8 +134,8 @@ struct DistCalls : DeviceCalls {
 
 // Median device seconds of each way, per direction (fwd; with a backward, bwd and the pair back to
 // back), their samples taken in turn so that the ratios between them are fair.
-std::vector<Times> device_times(const std::vector<const DeviceCalls*>& ways, int warmup, int repeat,
-                                int warmup_ms) {
+std::vector<Times> device_times(const std::vector<const DeviceCalls*>& ways, Directions dirs,
+                                int warmup, int repeat, int warmup_ms) {
   std::vector<Times> t(ways.size());
   auto time = [&](auto&& call_of, double Times::*field) {
     std::vector<std::function<void()>> fns;
@@ -133,17 +144,21 @@ std::vector<Times> device_times(const std::vector<const DeviceCalls*>& ways, int
         alternating_median_device_seconds(fns, std::max(warmup, 1), repeat, warmup_ms);
     for (std::size_t i = 0; i < ways.size(); ++i) t[i].*field = medians[i];
   };
-  time([](const DeviceCalls& w) { return w.fwd; }, &Times::fwd);
-  if (!ways.front()->bwd) return t;
-  time([](const DeviceCalls& w) { return w.bwd; }, &Times::bwd);
-  time(
-      [](const DeviceCalls& w) {
-        return std::function<void()>([&w] {
-          w.fwd();
-          w.bwd();
-        });
-      },
-      &Times::fwd_bwd);
+  if (dirs.fwd) time([](const DeviceCalls& w) { return w.fwd; }, &Times::fwd);
+  if (dirs.bwd) {
+    if (!dirs.fwd)
+      for (const DeviceCalls* w : ways) w->fwd();  // the out and lse that the backward reads
+    time([](const DeviceCalls& w) { return w.bwd; }, &Times::bwd);
+  }
+  if (dirs.fwd_bwd)
+    time(
+        [](const DeviceCalls& w) {
+          return std::function<void()>([&w] {
+            w.fwd();
+            w.bwd();
+          });
+        },
+        &Times::fwd_bwd);
   return t;
 }
 #endif
@@ -153,16 +168,17 @@ std::vector<Times> device_times(const std::vector<const DeviceCalls*>& ways, int
 std::vector<Times> time_on_device(const HostTensor& q, const HostTensor& k, const HostTensor& v,
                                   const Mask& mask, HostTensor& out, HostTensor& lse,
                                   const HostTensor* dout, const AttentionOptions& options,
-                                  bool dist, int warmup, int repeat, int warmup_ms) {
+                                  bool dist, Directions dirs, int warmup, int repeat,
+                                  int warmup_ms) {
 #if defined(FLEXCP_TOOLS_CUDA)
   const KernelCalls kernel(q, k, v, mask, out, lse, dout, options);
   std::optional<DistCalls> through_dist;
   std::vector<const DeviceCalls*> ways{&kernel};
   if (dist) ways.push_back(&through_dist.emplace(q, k, v, mask, dout, options));
-  return device_times(ways, warmup, repeat, warmup_ms);
+  return device_times(ways, dirs, warmup, repeat, warmup_ms);
 #else
   static_cast<void>(
-      std::tie(q, k, v, mask, out, lse, dout, options, dist, warmup, repeat, warmup_ms));
+      std::tie(q, k, v, mask, out, lse, dout, options, dist, dirs, warmup, repeat, warmup_ms));
   throw Error(
       Status::kNotCompiled,
       "flexcp bench: --device cuda: this build has no CUDA kernels (configured without CUDA)");
@@ -221,12 +237,13 @@ void run_bench(const BenchArgs& a) {
   }
   AttentionOptions options;
   options.deterministic = a.deterministic;
+  const Directions dirs = directions(a);
   Times t;
   std::optional<Times> through_dist;  // --dist: the same calls through DistAttention
   if (a.device == "cuda") {
     const std::vector<Times> times =
-        time_on_device(q, k, v, mask, out, lse, dout ? &*dout : nullptr, options, a.dist, a.warmup,
-                       a.repeat, a.warmup_ms);
+        time_on_device(q, k, v, mask, out, lse, dout ? &*dout : nullptr, options, a.dist, dirs,
+                       a.warmup, a.repeat, a.warmup_ms);
     t = times.front();
     if (a.dist) through_dist = times.back();
   } else {
@@ -234,34 +251,34 @@ void run_bench(const BenchArgs& a) {
     const AttentionShape shape{tq, tk, a.shape.heads, a.shape.heads_kv, a.shape.head_dim, dtype};
     const AttentionPlan plan(mask, shape, {.backward = a.backward});
     auto fwd = [&] { forward(plan, q.view(), k.view(), v.view(), out.view(), lse.view()); };
-    t.fwd = median_seconds(fwd, a.warmup, a.repeat, a.warmup_ms);
+    if (dirs.fwd)
+      t.fwd = median_seconds(fwd, a.warmup, a.repeat, a.warmup_ms);
+    else
+      fwd();  // the out and lse that the backward reads
     if (dout) {
       HostTensor dq(dtype, q.shape()), dk(dtype, k.shape()), dv(dtype, v.shape());
       auto bwd = [&] {
         backward(plan, dout->view(), q.view(), k.view(), v.view(), out.view(), lse.view(),
                  dq.view(), dk.view(), dv.view());
       };
-      t.bwd = median_seconds(bwd, a.warmup, a.repeat, a.warmup_ms);
-      t.fwd_bwd = median_seconds(
-          [&] {
-            fwd();
-            bwd();
-          },
-          a.warmup, a.repeat, a.warmup_ms);
+      if (dirs.bwd) t.bwd = median_seconds(bwd, a.warmup, a.repeat, a.warmup_ms);
+      if (dirs.fwd_bwd)
+        t.fwd_bwd = median_seconds(
+            [&] {
+              fwd();
+              bwd();
+            },
+            a.warmup, a.repeat, a.warmup_ms);
     }
   }
-  report("fwd", t.fwd, flops);
-  if (dout) {
-    report("bwd", t.bwd, kBackwardFlopsRatio * flops);
-    report("fwd+bwd", t.fwd_bwd, (1 + kBackwardFlopsRatio) * flops);
-  }
+  if (dirs.fwd) report("fwd", t.fwd, flops);
+  if (dirs.bwd) report("bwd", t.bwd, kBackwardFlopsRatio * flops);
+  if (dirs.fwd_bwd) report("fwd+bwd", t.fwd_bwd, (1 + kBackwardFlopsRatio) * flops);
   if (through_dist) {
     const Times& d = *through_dist;
-    report("fwd", d.fwd, flops, t.fwd);
-    if (dout) {
-      report("bwd", d.bwd, kBackwardFlopsRatio * flops, t.bwd);
-      report("fwd+bwd", d.fwd_bwd, (1 + kBackwardFlopsRatio) * flops, t.fwd_bwd);
-    }
+    if (dirs.fwd) report("fwd", d.fwd, flops, t.fwd);
+    if (dirs.bwd) report("bwd", d.bwd, kBackwardFlopsRatio * flops, t.bwd);
+    if (dirs.fwd_bwd) report("fwd+bwd", d.fwd_bwd, (1 + kBackwardFlopsRatio) * flops, t.fwd_bwd);
   }
   if (a.json) std::cout << results.dump() << "\n";
 }
@@ -278,6 +295,9 @@ void add_bench_command(CLI::App& app) {
       ->check(CLI::IsMember({"cpu", "cuda"}))
       ->capture_default_str();
   cmd->add_flag("--backward", args->backward, "Time the backward too");
+  cmd->add_option("--only", args->only,
+                  "Time one direction only: fwd, bwd or fwd+bwd (the last two imply --backward)")
+      ->check(CLI::IsMember({"fwd", "bwd", "fwd+bwd"}));
   cmd->add_flag("--deterministic", args->deterministic,
                 "Backward with dQ in a fixed order (bitwise repeatable; the CPU's always is)");
   cmd->add_flag("--dist", args->dist,
@@ -298,6 +318,7 @@ void add_bench_command(CLI::App& app) {
   cmd->callback([args] {
     if (args->dist && args->device != "cuda")
       throw CLI::ValidationError("--dist", "needs --device cuda");
+    if (args->only == "bwd" || args->only == "fwd+bwd") args->backward = true;
     run_bench(*args);
   });
 }
