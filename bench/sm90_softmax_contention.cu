@@ -4,7 +4,10 @@
 // in flight (the kernel's intra-group overlap), and the other group's softmax. The forward's
 // timeline (bench/results/h200-timeline-2026-12-04.md) shows the softmax at ~1565 cycles where
 // its 64 exponentials a thread need 512 on the special-function unit, with the schedulers to
-// itself: this says which neighbour, if any, slows it. A developer's measurement on a GPU host:
+// itself: this says which neighbour, if any, slows it, and (the other group's cycles a product,
+// beside the softmax and with the softmax group idle) whether the neighbour slows in turn. Its
+// own S-like product in flight is the backward's case (the exponentials of P beside dP's product).
+// A developer's measurement on a GPU host:
 //   build/gpu/bench/sm90_softmax_contention
 // The softmax is the kernel's own (fwd_softmax.cuh, an unmasked block); the products are the
 // kernel's own MMA types on shared-memory tiles of zeros. Every SM runs one CTA, as the kernel
@@ -27,11 +30,38 @@ namespace kd = flexcp::sm90::detail;  // (cute has a detail namespace too)
 using Cfg = FwdConfig<cutlass::bfloat16_t, 128>;
 using Element = Cfg::Element;
 
-enum class Beside : int { kNothing, kSsProducts, kRsProducts, kOwnRsProduct, kSoftmax };
+// What runs beside the measured group's softmax; the last two leave that group idle, for the
+// other group's products alone.
+enum class Beside : int {
+  kNothing,
+  kSsProducts,
+  kRsProducts,
+  kOwnRsProduct,
+  kOwnSsProduct,
+  kSoftmax,
+  kSsProductsOnly,
+  kRsProductsOnly,
+  kCount
+};
 constexpr const char* kBesideNames[] = {
-    "alone", "beside the other group's S-like products (shared-memory operands)",
+    "alone",
+    "beside the other group's S-like products (shared-memory operands)",
     "beside the other group's P V-like products (P from registers)",
-    "with its own P V-like product in flight", "beside the other group's softmax"};
+    "with its own P V-like product in flight",
+    "with its own S-like product in flight",
+    "beside the other group's softmax",
+    "no softmax: the other group's S-like products alone",
+    "no softmax: the other group's P V-like products alone"};
+static_assert(sizeof(kBesideNames) / sizeof(kBesideNames[0]) == int(Beside::kCount));
+constexpr bool other_group_issues_products(Beside b) {
+  return b == Beside::kSsProducts || b == Beside::kRsProducts || b == Beside::kSsProductsOnly ||
+         b == Beside::kRsProductsOnly;
+}
+constexpr bool other_group_issues_ss(Beside b) {
+  return b == Beside::kSsProducts || b == Beside::kSsProductsOnly;
+}
+// Per CTA: the softmax's cycles, then the other group's cycles and products.
+constexpr int kFields = 3;
 constexpr int kIterations = 4096;
 constexpr int kThreads = 384;  // as the kernel: a (here idle) producer group and two consumers
 
@@ -41,7 +71,7 @@ using PLayout = cute::Layout<
 
 template <Beside kBeside>
 __global__ void __launch_bounds__(kThreads, 1)
-    softmax_beside(const __grid_constant__ FwdParams p, unsigned long long* cycles, float* sink) {
+    softmax_beside(const __grid_constant__ FwdParams p, unsigned long long* out, float* sink) {
   using namespace cute;
   extern __shared__ char smem_raw[];
   auto& ss = kd::shared_storage<Cfg::SharedStorage>(smem_raw);
@@ -86,22 +116,35 @@ __global__ void __launch_bounds__(kThreads, 1)
     warpgroup_commit_batch();
   };
 
-  constexpr bool kProducts = kBeside == Beside::kSsProducts || kBeside == Beside::kRsProducts;
-  if (wg == 2 && kProducts) {  // the other group: products back to back until the first is done
+  // The measured group's own S-like product accumulates into O's registers (the same 64x128
+  // fp32 layout), since the softmax rewrites S's in place.
+  auto issue_own_s = [&] {
+    warpgroup_fence_operand(tOrO);
+    warpgroup_arrive();
+    kd::issue_gemm<false>(mma_qk, q(_, _, _, 0), k(_, _, _, 0), tOrO);
+    warpgroup_commit_batch();
+  };
+
+  if (wg == 2 && other_group_issues_products(kBeside)) {
+    // The other group: products back to back until the first is done.
     // A product is the whole warp group's instruction: every warp must leave the loop after the
     // same product, so one thread reads the flag and the group reads its copy between barriers
     // (warps that each read the flag could part ways, and a product issued by fewer than four
     // warps is an illegal instruction).
     constexpr int kOtherGroupBarrier = 1;  // 0 is __syncthreads'
+    constexpr int kBatch = 4;
     bool stop = false;
+    unsigned long long products = 0;
+    const unsigned long long t0 = clock64();
     while (!stop) {
       CUTLASS_PRAGMA_UNROLL
-      for (int i = 0; i < 4; ++i) {
-        if constexpr (kBeside == Beside::kSsProducts)
+      for (int i = 0; i < kBatch; ++i) {
+        if constexpr (other_group_issues_ss(kBeside))
           issue_s();
         else
           issue_pv();
       }
+      products += kBatch;
       warpgroup_wait<0>();
       warpgroup_fence_operand(tSrS);
       warpgroup_fence_operand(tOrO);
@@ -110,10 +153,22 @@ __global__ void __launch_bounds__(kThreads, 1)
       cutlass::arch::NamedBarrier::sync(128, kOtherGroupBarrier);
       stop = group_stop;
     }
+    if (threadIdx.x == 256) {
+      out[kFields * blockIdx.x + 1] = clock64() - t0;
+      out[kFields * blockIdx.x + 2] = products;
+    }
     sink[blockIdx.x * kThreads + threadIdx.x] = tSrS(0) + tOrO(0);
     return;
   }
   if (wg == 2 && kBeside != Beside::kSoftmax) return;
+  if constexpr (kBeside == Beside::kSsProductsOnly || kBeside == Beside::kRsProductsOnly) {
+    // The measured group idles for about as long as its softmaxes would take.
+    constexpr unsigned long long kIdleCycles = kIterations * 1000ull;
+    const unsigned long long t0 = clock64();
+    while (clock64() - t0 < kIdleCycles) __nanosleep(1000);
+    if (threadIdx.x == 128) measured_done = 1;
+    return;
+  }
 
   // The softmax's state as the kernel keeps it; an unmasked block.
   const kd::FwdBlock blk{0, 1 << 30, 0, flexcp::EntryMask::kNone};
@@ -126,8 +181,9 @@ __global__ void __launch_bounds__(kThreads, 1)
   const unsigned long long t0 = clock64();
   for (int it = 0; it < kIterations; ++it) {
     if constexpr (kBeside == Beside::kOwnRsProduct) issue_pv();
+    if constexpr (kBeside == Beside::kOwnSsProduct) issue_own_s();
     kd::online_softmax<kBlockN>(p, tSrS, blk, rows, col_base, correction);
-    if constexpr (kBeside == Beside::kOwnRsProduct) {
+    if constexpr (kBeside == Beside::kOwnRsProduct || kBeside == Beside::kOwnSsProduct) {
       warpgroup_wait<0>();
       warpgroup_fence_operand(tOrO);
       warpgroup_fence_operand(tOrP);
@@ -138,7 +194,7 @@ __global__ void __launch_bounds__(kThreads, 1)
   }
   const unsigned long long t1 = clock64();
   if (wg == 1) {
-    if (threadIdx.x == 128) cycles[blockIdx.x] = t1 - t0;
+    if (threadIdx.x == 128) out[kFields * blockIdx.x] = t1 - t0;
     __syncwarp();
     if (threadIdx.x == 128) measured_done = 1;
   }
@@ -152,21 +208,31 @@ void check(cudaError_t e, const char* what) {
   }
 }
 
+// Means over the SMs: SM cycles per softmax (0 where none ran) and per product of the other group
+// (0 where it issued none).
+struct Cycles {
+  double softmax, product;
+};
+
 template <Beside kBeside>
-double cycles_per_softmax(int sms, unsigned long long* cycles, float* sink) {
+Cycles measure(int sms, unsigned long long* out, float* sink) {
   FwdParams p{};
   p.scale_log2 = float(M_LOG2E / std::sqrt(128.0));
   auto kernel = softmax_beside<kBeside>;
   check(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, Cfg::kSmemBytes),
         "shared memory");
+  check(cudaMemset(out, 0, sms * kFields * sizeof(*out)), "cudaMemset");
   for (int run = 0; run < 2; ++run)  // the first run warms the clock and caches
-    kernel<<<sms, kThreads, Cfg::kSmemBytes>>>(p, cycles, sink);
+    kernel<<<sms, kThreads, Cfg::kSmemBytes>>>(p, out, sink);
   check(cudaDeviceSynchronize(), "running the kernel");
-  std::vector<unsigned long long> c(sms);
-  check(cudaMemcpy(c.data(), cycles, sms * sizeof(c[0]), cudaMemcpyDeviceToHost), "copy back");
-  double sum = 0;
-  for (unsigned long long x : c) sum += double(x);
-  return sum / sms / kIterations;
+  std::vector<unsigned long long> c(sms * kFields);
+  check(cudaMemcpy(c.data(), out, c.size() * sizeof(c[0]), cudaMemcpyDeviceToHost), "copy back");
+  Cycles r{0, 0};
+  for (int i = 0; i < sms; ++i) {
+    r.softmax += double(c[kFields * i]) / kIterations / sms;
+    if (c[kFields * i + 2] > 0) r.product += double(c[kFields * i + 1]) / c[kFields * i + 2] / sms;
+  }
+  return r;
 }
 
 }  // namespace
@@ -180,23 +246,34 @@ int main() {
     std::printf("sm90_softmax_contention: needs an sm_90 GPU (this one is sm_%d x)\n", major);
     return 0;
   }
-  unsigned long long* cycles = nullptr;
+  unsigned long long* out = nullptr;
   float* sink = nullptr;
-  check(cudaMalloc(&cycles, sms * sizeof(*cycles)), "cudaMalloc");
+  check(cudaMalloc(&out, sms * kFields * sizeof(*out)), "cudaMalloc");
   check(cudaMalloc(&sink, sms * kThreads * sizeof(*sink)), "cudaMalloc");
-  const double alone = cycles_per_softmax<Beside::kNothing>(sms, cycles, sink);
-  const double per[] = {alone, cycles_per_softmax<Beside::kSsProducts>(sms, cycles, sink),
-                        cycles_per_softmax<Beside::kRsProducts>(sms, cycles, sink),
-                        cycles_per_softmax<Beside::kOwnRsProduct>(sms, cycles, sink),
-                        cycles_per_softmax<Beside::kSoftmax>(sms, cycles, sink)};
+  const Cycles per[] = {measure<Beside::kNothing>(sms, out, sink),
+                        measure<Beside::kSsProducts>(sms, out, sink),
+                        measure<Beside::kRsProducts>(sms, out, sink),
+                        measure<Beside::kOwnRsProduct>(sms, out, sink),
+                        measure<Beside::kOwnSsProduct>(sms, out, sink),
+                        measure<Beside::kSoftmax>(sms, out, sink),
+                        measure<Beside::kSsProductsOnly>(sms, out, sink),
+                        measure<Beside::kRsProductsOnly>(sms, out, sink)};
   std::printf(
       "one consumer group's online softmax of a %dx%d block (64 exponentials a thread; "
       "512 cycles on the special-function unit; with 64 FMAs making the next block's scores), SM "
-      "cycles per block, mean of %d SMs:\n",
+      "cycles per block, and the other group's cycles per 64x128x128 product (512 at the tensor "
+      "pipe's peak), means of %d SMs:\n",
       kBlockM / 2, kBlockN, sms);
-  for (int b = 0; b < 5; ++b)
-    std::printf("  %-70s %7.0f  (%.2fx alone)\n", kBesideNames[b], per[b], per[b] / alone);
-  cudaFree(cycles);
+  for (int b = 0; b < int(Beside::kCount); ++b) {
+    std::printf("  %-68s", kBesideNames[b]);
+    if (per[b].softmax > 0)
+      std::printf(" softmax %6.0f (%.2fx alone)", per[b].softmax, per[b].softmax / per[0].softmax);
+    else
+      std::printf(" %27s", "");
+    if (per[b].product > 0) std::printf("   product %5.0f", per[b].product);
+    std::printf("\n");
+  }
+  cudaFree(out);
   cudaFree(sink);
   return 0;
 }
