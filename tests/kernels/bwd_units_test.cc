@@ -30,7 +30,11 @@ WorkList key_tiles(const Mask& mask) {
 }
 
 BwdUnitOptions options(int sms, std::int64_t heads_kv, std::int64_t group) {
-  return {.sms = sms, .block_rows = tiles::kSm90BwdBlockM, .heads_kv = heads_kv, .group = group};
+  return {.sms = sms,
+          .block_rows = tiles::kSm90BwdBlockM,
+          .heads_kv = heads_kv,
+          .group = group,
+          .walk = std::nullopt};
 }
 
 void check_units(const WorkList& cols, const BwdUnitOptions& o, const BwdUnits& u) {
