@@ -317,12 +317,11 @@ struct FwdMainloop {
   }
   // Between the two steps of the softmax of a block whose P V of the block before still runs:
   // wait for that product and rescale O when a row's maximum moved. The exponentials then run
-  // beside the other group's products, not beside this group's own P V, which slows them most
-  // (bench/sm90_softmax_contention: 1.74x their time alone, against 1.20x beside the other
-  // group's P V; h200-timeline-2026-12-04.md). ptxas hoists a wgmma wait to the top of its basic
-  // block: the branch, which reads the corrections, keeps the wait after the maxima. Once the row
-  // maxima settle, most blocks leave them unchanged: the rescale is skipped when no row of the
-  // warp moved (a warp-uniform test).
+  // beside the other group's products rather than beside this group's own P V (+2.5-3.2% at 32K
+  // against waiting after the whole softmax, bench/results/h200-forward-2026-12-04.md). ptxas
+  // hoists a wgmma wait to the top of its basic block: the branch, which reads the corrections,
+  // keeps the wait after the maxima. Once the row maxima settle, most blocks leave them
+  // unchanged: the rescale is skipped when no row of the warp moved (a warp-uniform test).
   __device__ __forceinline__ void wait_pv_and_rescale() {
     if (__any_sync(0xffffffffu, correction[0] != 1.f || correction[1] != 1.f)) {
       wait_pv();
