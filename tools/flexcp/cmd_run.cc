@@ -281,12 +281,12 @@ void run_ranks(RunArgs a, Communicator& comm_ref) {
     layers.emplace_back(dtype, timing ? 0 : tq, timing ? 0 : tk, lq, lk, a.shape);
     Layer& l = layers.back();
     if (timing) {
-      std::mt19937_64 rng(a.seed + static_cast<std::uint64_t>(i) * 1000003 +
-                          static_cast<std::uint64_t>(rank));
-      for (HostTensor* t : {&l.ql, &l.kl, &l.vl, &l.dol}) t->fill_uniform(rng, 1.0f);
+      std::uint64_t seed =
+          a.seed + static_cast<std::uint64_t>(i) * 1000003 + static_cast<std::uint64_t>(rank) * 4;
+      for (HostTensor* t : {&l.ql, &l.kl, &l.vl, &l.dol}) t->fill_uniform(seed++, 1.0f);
     } else {
-      std::mt19937_64 rng(a.seed + static_cast<std::uint64_t>(i));
-      for (HostTensor* t : {&l.q, &l.k, &l.v, &l.dout}) t->fill_uniform(rng, 1.0f);
+      std::uint64_t seed = a.seed + static_cast<std::uint64_t>(i) * 4;
+      for (HostTensor* t : {&l.q, &l.k, &l.v, &l.dout}) t->fill_uniform(seed++, 1.0f);
       dist.dispatch_q(l.q.view(), l.ql.view());
       dist.dispatch_q(l.dout.view(), l.dol.view());
       dist.dispatch_kv(l.k.view(), l.kl.view());

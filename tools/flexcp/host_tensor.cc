@@ -62,9 +62,26 @@ void HostTensor::assign(const std::vector<float>& values) {
     store_float(view_.data, view_.dtype, i, values[i]);
 }
 
-void HostTensor::fill_uniform(std::mt19937_64& rng, float amplitude) {
-  std::uniform_real_distribution<float> u(-amplitude, amplitude);
-  for (std::int64_t i = 0; i < numel(); ++i) store_float(view_.data, view_.dtype, i, u(rng));
+namespace {
+// SplitMix64's output function: a bijective mix of 64 bits, good enough for test inputs.
+std::uint64_t mix64(std::uint64_t z) {
+  z += 0x9E3779B97F4A7C15ull;
+  z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+  z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+  return z ^ (z >> 31);
+}
+}  // namespace
+
+void HostTensor::fill_uniform(std::uint64_t seed, float amplitude) {
+  // Each seed starts its counter at a hashed offset, so that nearby seeds give unrelated streams.
+  const std::uint64_t base = mix64(seed);
+  const std::int64_t n = numel();
+#pragma omp parallel for schedule(static)
+  for (std::int64_t i = 0; i < n; ++i) {
+    const float u = static_cast<float>(mix64(base + static_cast<std::uint64_t>(i)) >> 40) *
+                    0x1p-24f;  // [0, 1) in 24 bits: exact in fp32
+    store_float(view_.data, view_.dtype, i, amplitude * (2.f * u - 1.f));
+  }
 }
 
 void HostTensor::poison() {

@@ -1,7 +1,6 @@
 #include "own_work.h"
 
 #include <optional>
-#include <random>
 #include <vector>
 
 #include "flexcp/flexcp.h"
@@ -28,11 +27,11 @@ OwnWorkTimes time_own_work(const RankPlan& rank, const ShapeArgs& s, DType dtype
                              on_gpu ? Device::kCuda : Device::kCpu,
                              device_index};
   AttentionPlan plan(work, shape);
-  std::mt19937_64 rng(1234 + static_cast<std::uint64_t>(rank.rank));
+  std::uint64_t seed = 1234 + 4 * static_cast<std::uint64_t>(rank.rank);
   HostTensor q(dtype, {tq, s.heads, s.head_dim}), k(dtype, {tk, s.heads_kv, s.head_dim}),
       v(dtype, {tk, s.heads_kv, s.head_dim}), dout(dtype, {tq, s.heads, s.head_dim}),
       out(dtype, {tq, s.heads, s.head_dim}), lse(DType::kFloat32, {tq, s.heads});
-  for (HostTensor* t : {&q, &k, &v, &dout}) t->fill_uniform(rng, 1.0f);
+  for (HostTensor* t : {&q, &k, &v, &dout}) t->fill_uniform(seed++, 1.0f);
   OwnWorkTimes t;
   if (on_gpu) {
 #if defined(FLEXCP_TOOLS_CUDA)
