@@ -109,10 +109,13 @@ __global__ void __launch_bounds__(kThreads, 1)
       make_tensor(make_smem_ptr(ss.k.data()), Cfg::SmemLayoutKV{}));
   Tensor v = mma_pv.get_thread_slice(first).partition_fragment_B(
       make_tensor(make_smem_ptr(ss.v.data()), Cfg::SmemLayoutVt{}));
-  auto issue_s = [&] {  // accumulating, so that back-to-back products are all live
-    warpgroup_fence_operand(tSrS);
+  // An S-like product, accumulating (so that back-to-back products are all live) into `acc`: S's
+  // registers, or O's (the same 64x128 fp32 layout) for the measured group's own product, since
+  // its softmax rewrites S's in place.
+  auto issue_s = [&](auto& acc) {
+    warpgroup_fence_operand(acc);
     warpgroup_arrive();
-    kd::issue_gemm<false>(mma_qk, q(_, _, _, 0), k(_, _, _, 0), tSrS);
+    kd::issue_gemm<false>(mma_qk, q(_, _, _, 0), k(_, _, _, 0), acc);
     warpgroup_commit_batch();
   };
   auto issue_pv = [&] {
@@ -120,15 +123,6 @@ __global__ void __launch_bounds__(kThreads, 1)
     warpgroup_fence_operand(tOrP);
     warpgroup_arrive();
     kd::issue_gemm<false>(mma_pv, tOrP, v(_, _, _, 0), tOrO);
-    warpgroup_commit_batch();
-  };
-
-  // The measured group's own S-like product accumulates into O's registers (the same 64x128
-  // fp32 layout), since the softmax rewrites S's in place.
-  auto issue_own_s = [&] {
-    warpgroup_fence_operand(tOrO);
-    warpgroup_arrive();
-    kd::issue_gemm<false>(mma_qk, q(_, _, _, 0), k(_, _, _, 0), tOrO);
     warpgroup_commit_batch();
   };
 
@@ -147,7 +141,7 @@ __global__ void __launch_bounds__(kThreads, 1)
       CUTLASS_PRAGMA_UNROLL
       for (int i = 0; i < kBatch; ++i) {
         if constexpr (other_group_issues_ss(kBeside))
-          issue_s();
+          issue_s(tSrS);
         else
           issue_pv();
       }
@@ -188,7 +182,7 @@ __global__ void __launch_bounds__(kThreads, 1)
   const unsigned long long t0 = clock64();
   for (int it = 0; it < kIterations; ++it) {
     if constexpr (kBeside == Beside::kOwnRsProduct) issue_pv();
-    if constexpr (kBeside == Beside::kOwnSsProduct) issue_own_s();
+    if constexpr (kBeside == Beside::kOwnSsProduct) issue_s(tOrO);
     kd::online_softmax<kBlockN>(p, tSrS, blk, rows, col_base, correction);
     if constexpr (kBeside == Beside::kOwnRsProduct || kBeside == Beside::kOwnSsProduct) {
       warpgroup_wait<0>();
