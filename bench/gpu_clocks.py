@@ -11,8 +11,12 @@ two a ratio comes from.
     s.summary()   # {"mhz": mean SM clock, "watts": mean board power, "limited": share of the
                   #  samples where a power or thermal limit held the clock, "samples": n} or {}
     s.summary(busy_only=True)   # the same over the samples of a busy GPU
+
+or from a shell, around one command (scripts/gpu-ab.sh): `python3 bench/gpu_clocks.py CMD ARGS...`.
 """
 import ctypes
+import subprocess
+import sys
 import threading
 
 NVML_CLOCK_SM = 1
@@ -106,3 +110,22 @@ class ClockSampler:
         n = len(kept)
         return {"mhz": sum(s[0] for s in kept) / n, "watts": sum(s[1] for s in kept) / n,
                 "limited": sum(s[2] for s in kept) / n, "samples": n}
+
+
+def main(argv):
+    """`gpu_clocks.py CMD ARGS...`: runs the command, passes its output through, then prints
+    `clocks: mhz=M watts=W limited=L` over its busy samples (`clocks: -` where NVML cannot be read
+    or nothing was sampled); exits with the command's status."""
+    if not argv:
+        print("usage: gpu_clocks.py CMD [ARGS...]", file=sys.stderr)
+        return 2
+    with ClockSampler() as sampler:
+        status = subprocess.run(argv).returncode
+    s = sampler.summary(busy_only=True)
+    print("clocks: " + (f"mhz={s['mhz']:.0f} watts={s['watts']:.0f} limited={s['limited']:.2f}"
+                        if s else "-"), flush=True)
+    return status
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

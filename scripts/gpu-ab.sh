@@ -3,7 +3,8 @@
 # earlier commit, e.g. `git worktree add /tmp/base COMMIT`, copied into an ignored folder and
 # carried), on the same protocol masks, alternating A and B for ROUNDS rounds so that clock drift
 # and heat hit both alike. Needs build/gpu (scripts/gpu-check.sh builds it). Prints one line per
-# mask: TFLOPS of A and B (median over rounds) and A/B.
+# mask: TFLOPS of A and B (median over rounds), A/B, and each side's SM clock (median over rounds
+# of the mean over a call's busy samples).
 #   scripts/gpu-ab.sh BASE_TREE OUT [lengths...]
 # From the environment: HEADS, HEADS_KV, ROUNDS, SAMPLES (per call, 35 after 500 ms of warm-up:
 # the GPU meets its power limit first, as in training and in bench/gpu_bench.sh), MASKS (a subset of "full causal varlen-causal
@@ -58,11 +59,17 @@ direction_flags() {  # cli -> its bench options for the direction compared
   fi
 }
 a_flags=$(direction_flags "$a") b_flags=$(direction_flags "$b")
-tflops() {  # variables cli flags spec -> TFLOPS of one bench call, in the direction compared
+# variables cli flags spec -> "TFLOPS MHz" of one bench call, in the direction compared: the SM
+# clock is the mean over the call's busy samples (bench/gpu_clocks.py; 0 where NVML cannot be
+# read), so that a ratio says whether it comes from cycles or from the clock.
+tflops() {
   # shellcheck disable=SC2086  # the variables and the flags are lists
-  env $1 "$2" bench --device cuda --mask-file "$4" --heads "$heads" --heads-kv "$heads_kv" \
-    --head-dim 128 --dtype bf16 --warmup 3 --warmup-ms 500 --repeat "$samples" $3 |
-    sed -n "s/.* dir=$dir .*TFLOPS=\([0-9.]*\).*/\1/p"
+  env $1 python3 bench/gpu_clocks.py "$2" bench --device cuda --mask-file "$4" --heads "$heads" \
+    --heads-kv "$heads_kv" --head-dim 128 --dtype bf16 --warmup 3 --warmup-ms 500 \
+    --repeat "$samples" $3 |
+    awk -v dir="$dir" '$0 ~ " dir=" dir " " { if (match($0, /TFLOPS=[0-9.]+/)) t = substr($0, RSTART + 7, RLENGTH - 7) }
+      /^clocks: / { m = 0; if (match($0, /mhz=[0-9]+/)) m = substr($0, RSTART + 4, RLENGTH - 4) }
+      END { print t, m }'
 }
 # The middle value; with an even count, the mean of the middle two (not the lower one).
 median() {
@@ -71,15 +78,19 @@ median() {
 }
 {
   echo "A: $label (this tree) ${A_ENV:-}, B: $base ${B_ENV:-}; $dir, GQA $heads:$heads_kv, hd128, bf16, $rounds rounds"
-  printf '%-22s %10s %10s %8s   %s\n' mask "A TFLOPS" "B TFLOPS" "A/B" "rounds (A B)"
+  printf '%-22s %10s %10s %8s %7s %7s   %s\n' mask "A TFLOPS" "B TFLOPS" "A/B" "A MHz" "B MHz" \
+    "rounds (A B)"
   for n in "${names[@]}"; do
-    as=() bs=()
+    as=() bs=() ac=() bc=()
     for ((r = 0; r < rounds; ++r)); do
-      as+=("$(tflops "${A_ENV:-}" "$a" "$a_flags" "$specs/$n.json")")
-      bs+=("$(tflops "${B_ENV:-}" "$b" "$b_flags" "$specs/$n.json")")
+      read -r t m <<< "$(tflops "${A_ENV:-}" "$a" "$a_flags" "$specs/$n.json")"
+      as+=("$t") ac+=("$m")
+      read -r t m <<< "$(tflops "${B_ENV:-}" "$b" "$b_flags" "$specs/$n.json")"
+      bs+=("$t") bc+=("$m")
     done
     ma=$(echo "${as[*]}" | median) mb=$(echo "${bs[*]}" | median)
-    printf '%-22s %10.1f %10.1f %8.3f   %s | %s\n' "$n" "$ma" "$mb" "$(awk -v a="$ma" -v b="$mb" 'BEGIN {print a / b}')" \
-      "${as[*]}" "${bs[*]}"
+    printf '%-22s %10.1f %10.1f %8.3f %7.0f %7.0f   %s | %s\n' "$n" "$ma" "$mb" \
+      "$(awk -v a="$ma" -v b="$mb" 'BEGIN {print a / b}')" "$(echo "${ac[*]}" | median)" \
+      "$(echo "${bc[*]}" | median)" "${as[*]}" "${bs[*]}"
   done
 } | tee "$out/ab.txt"
