@@ -1,6 +1,7 @@
 """bench/gpu_clocks.py: what the benchmark reports of the clock and power samples (the sampling
 itself needs a GPU and NVML; its summary does not)."""
 import os
+import subprocess
 import sys
 import time
 
@@ -48,3 +49,20 @@ def test_sampling_runs_with_or_without_nvml():
         time.sleep(0.05)
     got = s.summary()
     assert got == {} or (100 < got["mhz"] < 5000 and 0 < got["watts"] < 5000)
+
+
+def test_command_line_passes_the_output_and_status_through():
+    # `gpu_clocks.py CMD ...` (scripts/gpu-ab.sh): the command's output, then one clocks line (a
+    # figure where NVML reads, `-` where it does not), and the command's exit status.
+    tool = os.path.join(os.path.dirname(__file__), "..", "..", "bench", "gpu_clocks.py")
+    ok = subprocess.run([sys.executable, tool, sys.executable, "-c", "print('dir=bwd TFLOPS=1.5')"],
+                        capture_output=True, text=True)
+    assert ok.returncode == 0
+    lines = ok.stdout.splitlines()
+    assert lines[0] == "dir=bwd TFLOPS=1.5"
+    assert lines[-1] == "clocks: -" or lines[-1].startswith("clocks: mhz=")
+    failed = subprocess.run([sys.executable, tool, sys.executable, "-c", "raise SystemExit(3)"],
+                            capture_output=True, text=True)
+    assert failed.returncode == 3
+    usage = subprocess.run([sys.executable, tool], capture_output=True, text=True)
+    assert usage.returncode == 2 and "usage" in usage.stderr
