@@ -17,23 +17,37 @@ from collections import OrderedDict
 BLOCK_ROWS, TILE_KEYS, ENTRY_KB = 64, 128, 64
 
 
-def tile_blocks(seqlen, mask, tile):
-    """The q blocks a key tile's walk visits (one q head), in walk order (from its first row)."""
-    first = tile * TILE_KEYS // BLOCK_ROWS if mask == "causal" else 0
-    return list(range(first, seqlen // BLOCK_ROWS))
+def tile_blocks(seqlen, mask, tile, doc_len=0):
+    """The q blocks a key tile's walk visits (one q head), in walk order (from its first row): all
+    of them (full), those from the tile's first row (causal), or, for documents of doc_len tokens
+    packed (varlen-causal), those from the row to the end of each document the tile touches."""
+    if mask == "full":
+        return list(range(seqlen // BLOCK_ROWS))
+    if mask == "causal":
+        return list(range(tile * TILE_KEYS // BLOCK_ROWS, seqlen // BLOCK_ROWS))
+    blocks, k0, k1 = [], tile * TILE_KEYS, (tile + 1) * TILE_KEYS
+    for start in range(k0 - k0 % doc_len, k1, doc_len):
+        end = min(start + doc_len, seqlen)
+        first = max(start, k0)
+        blocks += [b for b in range(first // BLOCK_ROWS, -(-end // BLOCK_ROWS))
+                   if not blocks or b > blocks[-1]]
+    return blocks
 
 
-def layouts(seqlen, mask, heads_kv, group):
+def layouts(seqlen, mask, heads_kv, group, doc_len):
     """Each layout: its units in scheduler order, a unit being its list of (q head, block) visits."""
-    tiles = sorted(range(seqlen // TILE_KEYS), key=lambda t: -len(tile_blocks(seqlen, mask, t)))
+    def tile_blocks_(t):
+        return tile_blocks(seqlen, mask, t, doc_len)
+
+    tiles = sorted(range(seqlen // TILE_KEYS), key=lambda t: -len(tile_blocks_(t)))
 
     def items(order, walk):
         pairs = [(t, kv) for kv in range(heads_kv) for t in tiles]  # kv head by kv head
         if order == "across-kv":  # busiest first across kv heads
-            pairs.sort(key=lambda p: -len(tile_blocks(seqlen, mask, p[0])))
+            pairs.sort(key=lambda p: -len(tile_blocks_(p[0])))
         units = []
         for t, kv in pairs:
-            qb = tile_blocks(seqlen, mask, t)
+            qb = tile_blocks_(t)
             if walk == "heads-outer":
                 units.append([(kv * group + j, b) for j in range(group) for b in qb])
             else:  # from the last block, the group's heads innermost
@@ -41,7 +55,7 @@ def layouts(seqlen, mask, heads_kv, group):
         return units
 
     def heads():  # one q head per unit, q head by q head over all tiles (BwdUnitKind::kHeads)
-        return [[(h, b) for b in tile_blocks(seqlen, mask, t)]
+        return [[(h, b) for b in tile_blocks_(t)]
                 for h in range(heads_kv * group) for t in tiles]
 
     return {
@@ -89,16 +103,19 @@ def miss_rate(units, sms, capacity):
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--seqlen", type=int, default=32768)
-    ap.add_argument("--mask", choices=["full", "causal"], default="causal")
+    ap.add_argument("--mask", choices=["full", "causal", "varlen-causal"], default="causal")
+    ap.add_argument("--doc-len", type=int, default=2048, help="varlen-causal: tokens a document")
     ap.add_argument("--heads-kv", type=int, default=8)
     ap.add_argument("--group", type=int, default=8, help="q heads per kv head")
     ap.add_argument("--sms", type=int, default=132)
     ap.add_argument("--l2-mb", type=float, nargs="+", default=[40.0])
     args = ap.parse_args()
-    for name, make in layouts(args.seqlen, args.mask, args.heads_kv, args.group).items():
+    for name, make in layouts(args.seqlen, args.mask, args.heads_kv, args.group,
+                              args.doc_len).items():
         units = make()
         rates = [miss_rate(units, args.sms, int(mb * 1024 / ENTRY_KB)) for mb in args.l2_mb]
-        print(f"{args.mask} {args.seqlen}: {name}: misses " +
+        label = args.mask + (f" (documents of {args.doc_len})" if args.mask == "varlen-causal" else "")
+        print(f"{label} {args.seqlen}: {name}: misses " +
               ", ".join(f"{r:.3f} at {mb:g} MB" for r, mb in zip(rates, args.l2_mb)), flush=True)
 
 
