@@ -67,9 +67,10 @@ tflops() {
   env $1 python3 bench/gpu_clocks.py "$2" bench --device cuda --mask-file "$4" --heads "$heads" \
     --heads-kv "$heads_kv" --head-dim 128 --dtype bf16 --warmup 3 --warmup-ms 500 \
     --repeat "$samples" $3 |
-    awk -v dir="$dir" '$0 ~ " dir=" dir " " { if (match($0, /TFLOPS=[0-9.]+/)) t = substr($0, RSTART + 7, RLENGTH - 7) }
-      /^clocks: / { m = 0; if (match($0, /mhz=[0-9]+/)) m = substr($0, RSTART + 4, RLENGTH - 4) }
-      END { print t, m }'
+    awk -v dir="$dir" '
+      $0 ~ " dir=" dir " " && match($0, /TFLOPS=[0-9.]+/) { t = substr($0, RSTART + 7, RLENGTH - 7) }
+      /^clocks: / && match($0, /mhz=[0-9]+/) { m = substr($0, RSTART + 4, RLENGTH - 4) }
+      END { print (t == "" ? "failed" : t), (m == "" ? 0 : m) }'  # two fields even when a call fails
 }
 # The middle value; with an even count, the mean of the middle two (not the lower one).
 median() {
