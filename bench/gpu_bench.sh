@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# On the GPU host: writes the protocol masks of DESIGN §6 with flexcp's own generators, then times
+# On the GPU host: writes the protocol masks of DESIGN §6 (bench/protocol_masks.sh), then times
 # flexcp's forward and its peers on them in one run (bench/gpu_attention_bench.py). Needs a built
 # flexcp tool (scripts/gpu-check.sh builds build/gpu).
 #   bench/gpu_bench.sh OUT_DIR [lengths...]      (HEADS, HEADS_KV, HEAD_DIM, MASKS from the
@@ -13,18 +13,7 @@ lengths=("${@:-4096 16384 32768}")
 read -r -a lengths <<< "${lengths[*]}"
 cli=build/gpu/tools/flexcp/flexcp
 specs=$(mktemp -d)
-docs=()  # the real document lengths that ship with flexcp
-for t in "${lengths[@]}"; do
-  $cli mask --mask full --seqlen "$t" --out "$specs/full-$t.json" >/dev/null
-  $cli mask --mask causal --seqlen "$t" --out "$specs/causal-$t.json" >/dev/null
-  $cli mask --mask varlen-full --seqlen "$t" "${docs[@]}" --out "$specs/varlen-full-$t.json" >/dev/null
-  $cli mask --mask varlen-causal --seqlen "$t" "${docs[@]}" --out "$specs/varlen-causal-$t.json" >/dev/null
-  $cli mask --mask sliding-window --window 1024 --seqlen "$t" "${docs[@]}" --out "$specs/swa1024-$t.json" >/dev/null
-  $cli mask --mask sliding-window --window 4096 --seqlen "$t" "${docs[@]}" --out "$specs/swa4096-$t.json" >/dev/null
-  $cli mask --mask block-causal --block 2048 --seqlen "$t" "${docs[@]}" --out "$specs/block-causal-$t.json" >/dev/null
-  $cli mask --mask shared-question --question $((t / 4 < 1024 ? t / 4 : 1024)) --seqlen "$t" "${docs[@]}" --out "$specs/shared-question-$t.json" >/dev/null
-  $cli mask --mask prefix-lm --seqlen "$t" "${docs[@]}" --out "$specs/prefix-lm-$t.json" >/dev/null
-done
+bench/protocol_masks.sh "$cli" "$specs" "${lengths[@]}"
 # MASKS (a glob, e.g. "{full,causal,varlen-causal}") keeps a subset.
 if [[ -n "${MASKS:-}" ]]; then
   keep=$(mktemp -d)

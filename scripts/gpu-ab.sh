@@ -7,8 +7,9 @@
 # of the mean over a call's busy samples).
 #   scripts/gpu-ab.sh BASE_TREE OUT [lengths...]
 # From the environment: HEADS, HEADS_KV, ROUNDS, SAMPLES (per call, 35 after 500 ms of warm-up:
-# the GPU meets its power limit first, as in training and in bench/gpu_bench.sh), MASKS (a subset of "full causal varlen-causal
-# swa1024"), A_LABEL (the device copy's .git may be older than its tree: say which commit A is),
+# the GPU meets its power limit first, as in training and in bench/gpu_bench.sh), MASKS (names of
+# bench/protocol_masks.sh; default "full causal varlen-causal swa1024"), A_LABEL (the device
+# copy's .git may be older than its tree: say which commit A is),
 # B_CMAKE_ARGS (B's build options: with BASE_TREE `.`, this tree against itself built another
 # way, e.g. B_CMAKE_ARGS=-DFLEXCP_SM90_HEAD_DIMS=64), A_ENV and B_ENV (variables each side runs
 # with; with BASE_TREE `-`, B is A's own binary, e.g. A_ENV=FLEXCP_SM90_BWD_WALK=from-last
@@ -39,13 +40,13 @@ if [[ $base != - ]]; then
   b=$base/build-ab/tools/flexcp/flexcp
 fi
 specs=$(mktemp -d)
+bench/protocol_masks.sh "$a" "$specs" "${lengths[@]}"
 names=()
 for t in "${lengths[@]}"; do
-  $a mask --mask full --seqlen "$t" --out "$specs/full-$t.json" >/dev/null
-  $a mask --mask causal --seqlen "$t" --out "$specs/causal-$t.json" >/dev/null
-  $a mask --mask varlen-causal --seqlen "$t" --out "$specs/varlen-causal-$t.json" >/dev/null
-  $a mask --mask sliding-window --window 1024 --seqlen "$t" --out "$specs/swa1024-$t.json" >/dev/null
-  for m in $masks; do names+=("$m-$t"); done
+  for m in $masks; do
+    [[ -f $specs/$m-$t.json ]] || { echo "MASKS: no protocol mask '$m' (bench/protocol_masks.sh)" >&2; exit 2; }
+    names+=("$m-$t")
+  done
 done
 dir=fwd
 [[ -n "${BACKWARD:-}" ]] && dir=bwd
