@@ -14,10 +14,14 @@ const std::vector<EnvVar>& env_vars() {
        "Seconds a communication wait may last before it fails with a communication error"},
       {"FLEXCP_NCCL_LIB", "libnccl.so.2",
        "The NCCL library the nccl communicator loads (a name the loader finds, or a path)"},
+      {"FLEXCP_SM90_BWD_UNITS", "auto",
+       "How the CUDA backward cuts its work into units, read when a plan is made: auto (the "
+       "plan's rule), items ((key tile, kv head) items, split where they are few) or heads (one q "
+       "head of an item each, partials summed in turn; to measure one against the other)"},
       {"FLEXCP_SM90_BWD_WALK", "auto",
-       "How the CUDA backward's units walk their q blocks, read when a plan is made: auto (the "
-       "plan picks per unit), heads-outer or from-last (every unit; to measure one against the "
-       "other)"},
+       "How the CUDA backward's item units walk their q blocks, read when a plan is made: auto "
+       "(the plan picks per unit), heads-outer or from-last (every item unit, and item units "
+       "unless FLEXCP_SM90_BWD_UNITS asks for heads; to measure one against the other)"},
   };
   return vars;
 }

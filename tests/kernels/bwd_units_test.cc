@@ -1,13 +1,17 @@
 // The sm90 backward's units: every q block of every (key tile, kv head) item walked by exactly one
-// unit, the units of a split item consecutive and in order, partial slots and counters distinct;
-// items split where the simulation says the GPU would wait on one of them, and left whole where it
-// would not. The walks (bwd_walk.h, the kernel's own function) against their definition, written
-// out as nested loops, split anywhere.
+// unit, the units of a split item in order (consecutive, with distinct slots and counters; or, for
+// head units, chained on a counter whose turns follow the order); items split where the
+// simulation says the GPU would wait on one of them, and left whole where it would not; head
+// units where items drift apart. The walks (bwd_walk.h, the kernel's own function) against their
+// definition, written out as nested loops, split anywhere.
 #include "kernels/worklist/bwd_units.h"
 
 #include <gtest/gtest.h>
 
+#include <cmath>
+#include <functional>
 #include <map>
+#include <queue>
 #include <random>
 #include <set>
 #include <stdexcept>
@@ -34,7 +38,29 @@ BwdUnitOptions options(int sms, std::int64_t heads_kv, std::int64_t group) {
           .block_rows = tiles::kSm90BwdBlockM,
           .heads_kv = heads_kv,
           .group = group,
-          .walk = std::nullopt};
+          .walk = std::nullopt,
+          .kind = std::nullopt};
+}
+
+// Chained units (BwdPartials::kChain) on each counter, in the scheduler's order: the first waits
+// for 0 (the counter at launch), each next for what the one before left, and the last leaves 0
+// for the next launch. So every unit's turn comes after units earlier in the order only.
+void check_chains(const BwdUnits& u) {
+  std::map<int, std::vector<const BwdUnit*>> by_counter;
+  for (const BwdUnit& unit : u.units)
+    if (unit.partials == BwdPartials::kChain) by_counter[unit.counter].push_back(&unit);
+  for (const auto& [counter, units] : by_counter) {
+    SCOPED_TRACE("counter " + std::to_string(counter));
+    ASSERT_GE(counter, 0);
+    ASSERT_LT(counter, u.counters);
+    std::int32_t value = 0;
+    for (std::size_t i = 0; i < units.size(); ++i) {
+      EXPECT_EQ(units[i]->wait_for, value) << "unit " << i << " of the counter";
+      value = units[i]->then_set;
+      EXPECT_EQ(value, i + 1 == units.size() ? 0 : static_cast<std::int32_t>(i + 1));
+      EXPECT_EQ(units[i]->slot, counter);
+    }
+  }
 }
 
 void check_units(const WorkList& cols, const BwdUnitOptions& o, const BwdUnits& u) {
@@ -46,12 +72,16 @@ void check_units(const WorkList& cols, const BwdUnitOptions& o, const BwdUnits& 
   for (const auto& [item, units] : by_item) {
     const std::int64_t blocks = bwd_item_blocks(cols, item.first, o);
     const int splits = units.front()->splits;
+    const bool chained = units.front()->partials == BwdPartials::kChain;
     ASSERT_EQ(static_cast<int>(units.size()), splits) << "tile " << item.first;
     std::int64_t next = 0;
     for (int s = 0; s < splits; ++s) {
       const BwdUnit& unit = *units[s];
-      // Consecutive in the order, in split order, covering the walk once.
-      EXPECT_EQ(&unit, units.front() + s);
+      // In split order (consecutive in the order unless chained), covering the walk once.
+      if (!chained) {
+        EXPECT_EQ(&unit, units.front() + s);
+      }
+      EXPECT_EQ(unit.partials, units.front()->partials);
       EXPECT_EQ(unit.split, s);
       EXPECT_EQ(unit.splits, splits);
       EXPECT_EQ(unit.block_begin, next);
@@ -60,15 +90,25 @@ void check_units(const WorkList& cols, const BwdUnitOptions& o, const BwdUnits& 
         EXPECT_LT(unit.block_begin, unit.block_end) << "an empty unit of a split item";
         EXPECT_EQ(unit.slot, units.front()->slot);
         EXPECT_EQ(unit.counter, units.front()->counter);
-        EXPECT_TRUE(slots.insert(unit.slot + s).second) << "slot used twice";
+        if (!chained) {
+          EXPECT_TRUE(slots.insert(unit.slot + s).second) << "slot used twice";
+        }
       }
       next = unit.block_end;
     }
     EXPECT_EQ(next, blocks) << "tile " << item.first << " kv head " << item.second;
-    if (splits > 1) {
+    if (splits > 1 && !chained) {
       ++split_items;
       EXPECT_TRUE(counters.insert(units.front()->counter).second) << "counter used twice";
     }
+  }
+  if (u.kind == BwdUnitKind::kHeads) {
+    // Chained slots are shared in turns; the chains say whether the turns are right.
+    EXPECT_TRUE(slots.empty()) << "head units and split items in one plan";
+    EXPECT_EQ(u.slots, u.counters);
+    EXPECT_LE(u.slots, 2 * kHeadSweepTiles);
+    check_chains(u);
+    return;
   }
   EXPECT_EQ(static_cast<std::int64_t>(slots.size()), u.slots);
   EXPECT_EQ(split_items, u.counters);
@@ -91,6 +131,9 @@ Planned planned_on_h200(const Mask& mask) {
   return p;
 }
 
+// Random masks and GPU sizes, the plan's own units and head units forced on every plan
+// (FLEXCP_SM90_BWD_UNITS=heads): the items' blocks once each, the chains' turns in order; with one
+// q head per kv head, item units.
 TEST(BwdUnits, EveryBlockOnceOnRandomMasksAndGpuSizes) {
   std::mt19937_64 rng(31);
   for (int iter = 0; iter < 60; ++iter) {
@@ -98,13 +141,108 @@ TEST(BwdUnits, EveryBlockOnceOnRandomMasksAndGpuSizes) {
     const Mask mask = test::random_mask(rng, t, t);
     const WorkList cols = key_tiles(mask);
     for (const int sms : {1, 7, 132, 1000})
-      for (const auto& [hk, group] : {std::pair{1, 1}, {2, 4}, {8, 8}}) {
-        SCOPED_TRACE("t=" + std::to_string(t) + " sms=" + std::to_string(sms) +
-                     " hk=" + std::to_string(hk) + " group=" + std::to_string(group));
-        const BwdUnitOptions o = options(sms, hk, group);
-        check_units(cols, o, plan_bwd_units(cols, o));
-      }
+      for (const auto& [hk, group] : {std::pair{1, 1}, {2, 3}, {8, 8}})
+        for (const bool heads : {false, true}) {
+          SCOPED_TRACE("t=" + std::to_string(t) + " sms=" + std::to_string(sms) +
+                       " hk=" + std::to_string(hk) + " group=" + std::to_string(group) +
+                       (heads ? " head units" : ""));
+          BwdUnitOptions o = options(sms, hk, group);
+          if (heads) o.kind = BwdUnitKind::kHeads;
+          const BwdUnits u = plan_bwd_units(cols, o);
+          if (heads) {
+            EXPECT_EQ(u.kind, group > 1 ? BwdUnitKind::kHeads : BwdUnitKind::kItems);
+          }
+          check_units(cols, o, u);
+        }
   }
+}
+
+// Causal 32K, GQA 64:8 on 132 SMs: 2048 items whose walks range from 2 to 512 blocks a head.
+// Head units, in sweeps: each of the 64 q heads over all 256 tiles, busiest first, kv head by kv
+// head; every unit one head's run of blocks; two sets of 256 slots.
+TEST(BwdUnits, LongCausalGetsHeadUnitsInSweeps) {
+  const auto [cols, u] = planned_on_h200(masks::causal(32768, 32768));
+  ASSERT_EQ(u.kind, BwdUnitKind::kHeads);
+  ASSERT_EQ(static_cast<std::int64_t>(u.units.size()), 64 * cols.num_tiles());
+  EXPECT_EQ(u.slots, 2 * cols.num_tiles());
+  const auto n = static_cast<std::size_t>(cols.num_tiles());
+  for (std::size_t i = 0; i < u.units.size(); ++i) {
+    const BwdUnit& unit = u.units[i];
+    const std::size_t sweep = i / n;  // q head kv_head * 8 + split
+    ASSERT_EQ(unit.kv_head * 8 + unit.split, static_cast<int>(sweep)) << "unit " << i;
+    ASSERT_EQ(unit.tile, cols.tile_order[i % n]) << "unit " << i;
+    const std::int64_t per_head = bwd_item_blocks(cols, unit.tile, options(132, 8, 8)) / 8;
+    ASSERT_EQ(unit.block_end - unit.block_begin, per_head) << "unit " << i;
+    ASSERT_EQ(unit.walk, BwdWalk::kHeadsOuter);
+  }
+}
+
+// The scheduler run on the plan's units with each unit's blocks as its time (one unit per SM at a
+// time, the next to the first SM free), and a chained unit's turn (add, store, pass on: two
+// blocks' time) taken no sooner than the unit before it on its counter has passed it on. On causal
+// 8K-64K (64:8, 132 SMs) the waits for turns are under 0.5% of the work and the plan ends within
+// 1% of its prediction: the sweeps put an item's units far enough apart that each finds its turn
+// come. (An item's units one after the other in the order, run side by side, would queue for
+// their turns: 2.4% of the work waited at causal 32K, 9.5% at 8K.)
+TEST(BwdUnits, HeadUnitsRarelyWaitForTheirTurn) {
+  for (const std::int64_t t : {8192, 32768, 65536}) {
+    SCOPED_TRACE("t=" + std::to_string(t));
+    const auto [cols, u] = planned_on_h200(masks::causal(t, t));
+    ASSERT_EQ(u.kind, BwdUnitKind::kHeads);
+    std::priority_queue<double, std::vector<double>, std::greater<>> free_at;
+    for (int i = 0; i < 132; ++i) free_at.push(0.0);
+    std::map<std::pair<int, int>, double> done;  // (counter, value it left) -> when
+    double work = 0, waited = 0, end = 0;
+    for (const BwdUnit& unit : u.units) {
+      const double start = free_at.top();
+      free_at.pop();
+      const double blocks = unit.block_end - unit.block_begin;
+      constexpr double kTurn = 2;
+      double finish = start + blocks;
+      if (unit.partials == BwdPartials::kChain) {
+        if (unit.wait_for > 0) {
+          const auto before = done.find({unit.counter, unit.wait_for});
+          ASSERT_NE(before, done.end()) << "a turn no earlier unit gives";
+          waited += std::max(0.0, before->second - finish);
+          finish = std::max(finish, before->second);
+        }
+        finish += kTurn;
+      }
+      if (unit.partials == BwdPartials::kChain && unit.then_set > 0)
+        done[{unit.counter, unit.then_set}] = finish;
+      work += blocks;
+      end = std::max(end, finish);
+      free_at.push(finish);
+    }
+    EXPECT_LT(waited, 0.005 * work);
+    EXPECT_LT(end, 1.01 * u.predicted);  // the prediction counts the turns as kChainOverhead
+  }
+}
+
+// Documents of unequal length packed into 32K, each causal: head units (measured +10% over item
+// units on the H200); each attending in full: item units (-1.6%), their tiles' walks as long as
+// the walks of the tiles they share q blocks with.
+TEST(BwdUnits, CausalDocumentsGetHeadUnitsFullOnesItemUnits) {
+  const std::vector<std::int64_t> docs = {8192, 4096, 2048, 8192, 4096, 3000, 3000, 144};
+  EXPECT_EQ(planned_on_h200(masks::varlen_causal(docs)).u.kind, BwdUnitKind::kHeads);
+  EXPECT_EQ(planned_on_h200(masks::varlen_full(docs)).u.kind, BwdUnitKind::kItems);
+}
+
+// Where items keep in step (full attention, sliding windows, full documents), are few (causal 4K:
+// two waves) or short (documents of at most 1000 tokens, 16 blocks a head), or the group has one
+// q head: item units.
+TEST(BwdUnits, ItemUnitsWhereItemsKeepInStepOrAreFewOrShort) {
+  for (const Mask& mask :
+       {masks::full(32768, 32768), masks::causal(4096, 4096),
+        masks::sliding_window({32768}, 4096, masks::WindowKind::kCausal),
+        masks::sliding_window(std::vector<std::int64_t>(8, 4096), 1024, masks::WindowKind::kCausal),
+        masks::varlen_full(std::vector<std::int64_t>(16, 2048)),
+        masks::varlen_causal(std::vector<std::int64_t>(33, 1000))}) {
+    const auto [cols, u] = planned_on_h200(mask);
+    EXPECT_EQ(u.kind, BwdUnitKind::kItems) << cols.num_tiles() << " tiles";
+  }
+  const WorkList cols = key_tiles(masks::causal(32768, 32768));
+  EXPECT_EQ(plan_bwd_units(cols, options(132, 64, 1)).kind, BwdUnitKind::kItems);
 }
 
 // Causal 1K with GQA 64:8: 64 items for 132 SMs, the heaviest 8x the average share. Split, and
@@ -128,6 +266,57 @@ TEST(BwdUnits, LongFullIsLeftWhole) {
     EXPECT_EQ(u.units[i].tile, cols.tile_order[i % cols.tile_order.size()]);
   }
   EXPECT_EQ(u.predicted, u.predicted_unsplit);
+}
+
+// bwd_walk_drift by its definition: for every q block, the lengths (distinct q blocks) of the
+// tiles that visit it, their squared deviations from their mean and their squared mean, summed
+// over the blocks; the root of the ratio.
+double drift_by_definition(const WorkList& cols, std::int64_t block_rows) {
+  const std::int64_t blocks = (cols.num_cols + block_rows - 1) / block_rows;
+  std::vector<std::vector<char>> visits(static_cast<std::size_t>(cols.num_tiles()),
+                                        std::vector<char>(static_cast<std::size_t>(blocks), 0));
+  std::vector<double> length(visits.size(), 0);
+  for (std::size_t t = 0; t < visits.size(); ++t) {
+    for (std::int64_t e = cols.tile_offsets[t]; e < cols.tile_offsets[t + 1]; ++e)
+      for (std::int64_t b = cols.entries[e].begin / block_rows;
+           b * block_rows < cols.entries[e].end; ++b)
+        visits[t][b] = 1;
+    for (const char v : visits[t]) length[t] += v;
+  }
+  double deviation = 0, mean2 = 0;
+  for (std::int64_t b = 0; b < blocks; ++b) {
+    std::vector<double> lengths;
+    for (std::size_t t = 0; t < visits.size(); ++t)
+      if (visits[t][b]) lengths.push_back(length[t]);
+    if (lengths.empty()) continue;
+    double mean = 0;
+    for (const double l : lengths) mean += l / double(lengths.size());
+    for (const double l : lengths) deviation += (l - mean) * (l - mean), mean2 += mean * mean;
+  }
+  return mean2 > 0 ? std::sqrt(deviation / mean2) : 0.0;
+}
+
+TEST(BwdWalkDrift, MatchesItsDefinitionOnRandomMasks) {
+  std::mt19937_64 rng(47);
+  for (int iter = 0; iter < 80; ++iter) {
+    const std::int64_t t = 1 + static_cast<std::int64_t>(rng() % 2500);
+    const WorkList cols = key_tiles(test::random_mask(rng, t, t));
+    const double expected = drift_by_definition(cols, tiles::kSm90BwdBlockM);
+    EXPECT_NEAR(bwd_walk_drift(cols, options(132, 2, 3)), expected, 1e-9 * (1 + expected))
+        << "t=" << t << " iteration " << iter;
+  }
+}
+
+// Causal: the block at x (of 1) is visited by the tiles from 0 to x, of lengths 1 - y: a spread of
+// x / sqrt(12) about 1 - x / 2, so drift^2 = (1/48) / (11/48) = 1/11. Walks as long as every
+// walk they share blocks with: none (full; documents aligned to the tiles).
+TEST(BwdWalkDrift, CausalDriftsOneInSqrtElevenFullNot) {
+  EXPECT_NEAR(bwd_walk_drift(key_tiles(masks::causal(32768, 32768)), options(132, 8, 8)),
+              1 / std::sqrt(11.0), 0.005);
+  EXPECT_EQ(bwd_walk_drift(key_tiles(masks::full(4096, 4096)), options(132, 8, 8)), 0.0);
+  EXPECT_EQ(
+      bwd_walk_drift(key_tiles(masks::varlen_full({1024, 256, 4096, 128})), options(132, 8, 8)),
+      0.0);
 }
 
 // A visit of the walk: q head, first row, and the entry's interval.
@@ -167,9 +356,9 @@ std::vector<Visit> walked(const WorkList& cols, const BwdUnit& unit, int group) 
   return v;
 }
 
-// Both walks, the planner's units of every item (split or not) and the item cut at random points,
-// on random masks (empty entries and tiles among them): the units' walks, one after the other, are
-// the item's walk as defined.
+// Both walks, the planner's units of every item (split or not, head units or not) and the item cut
+// at random points, on random masks (empty entries and tiles among them): the units' walks, one
+// after the other, are the item's walk as defined.
 TEST(BwdWalk, UnitsWalkTheirPartOfTheDefinedOrder) {
   std::mt19937_64 rng(47);
   for (int iter = 0; iter < 40; ++iter) {
@@ -177,7 +366,8 @@ TEST(BwdWalk, UnitsWalkTheirPartOfTheDefinedOrder) {
     const Mask mask = test::random_mask(rng, t, t);
     const WorkList cols = key_tiles(mask);
     for (const int group : {1, 3, 8}) {
-      const BwdUnitOptions o = options(static_cast<int>(1 + rng() % 200), 2, group);
+      BwdUnitOptions o = options(static_cast<int>(1 + rng() % 200), 2, group);
+      if (iter % 2) o.kind = BwdUnitKind::kHeads;  // an item's head units in split order too
       const BwdUnits u = plan_bwd_units(cols, o);
       for (const BwdWalk walk : {BwdWalk::kHeadsOuter, BwdWalk::kHeadsInnerFromLast}) {
         std::map<std::pair<int, int>, std::vector<Visit>> by_item;

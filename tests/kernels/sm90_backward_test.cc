@@ -14,6 +14,7 @@
 #include "cuda_test_util.h"
 #include "kernels/plan/attention_plan_impl.h"
 #include "kernels/sm90/sm90_backward.h"
+#include "kernels/sm90/sm90_host.h"
 #include "non_finite.h"
 
 namespace flexcp {
@@ -216,11 +217,30 @@ TEST(Sm90Backward, LongVarlen) {
              masks::varlen_causal({1500, 2000, 77, 523}), rng);
 }
 
-// FLEXCP_SM90_BWD_WALK set for one scope (unset after it).
-struct WalkFromEnv {
-  explicit WalkFromEnv(const char* value) { setenv("FLEXCP_SM90_BWD_WALK", value, 1); }
-  ~WalkFromEnv() { unsetenv("FLEXCP_SM90_BWD_WALK"); }
+// An environment variable set for one scope (unset after it).
+struct ScopedEnv {
+  const char* name;
+  ScopedEnv(const char* n, const char* value) : name(n) { setenv(name, value, 1); }
+  ~ScopedEnv() { unsetenv(name); }
 };
+struct WalkFromEnv : ScopedEnv {
+  explicit WalkFromEnv(const char* value) : ScopedEnv("FLEXCP_SM90_BWD_WALK", value) {}
+};
+struct UnitsFromEnv : ScopedEnv {
+  explicit UnitsFromEnv(const char* value) : ScopedEnv("FLEXCP_SM90_BWD_UNITS", value) {}
+};
+
+// Making the plan fails with an invalid-argument error whose message holds `message`.
+void expect_invalid_plan(const Mask& mask, const AttentionShape& shape,
+                         const std::string& message) {
+  try {
+    const AttentionPlan plan(mask, shape);
+    ADD_FAILURE() << "a plan was made; expected: " << message;
+  } catch (const Error& e) {
+    EXPECT_EQ(e.status(), Status::kInvalidArgument);
+    EXPECT_NE(std::string(e.what()).find(message), std::string::npos) << e.what();
+  }
+}
 
 // Either walk over a unit's q blocks (BwdWalk), forced for every unit: the same gradients, on
 // split items (causal 1K, 16:2) and on tiles with several entries (documents of awkward lengths).
@@ -250,16 +270,53 @@ TEST(Sm90Backward, WalkFromTheEnvironment) {
     for (const BwdUnit& unit : plan.impl().bwd_units.units) ASSERT_EQ(unit.walk, want) << value;
   }
   const WalkFromEnv env("sideways");
-  try {
-    const AttentionPlan plan(mask, shape);
-    ADD_FAILURE() << "a plan was made with FLEXCP_SM90_BWD_WALK=sideways";
-  } catch (const Error& e) {
-    EXPECT_EQ(e.status(), Status::kInvalidArgument);
-    EXPECT_NE(std::string(e.what()).find(
-                  "FLEXCP_SM90_BWD_WALK is 'sideways', expected auto, heads-outer or from-last"),
-              std::string::npos)
-        << e.what();
+  expect_invalid_plan(
+      mask, shape, "FLEXCP_SM90_BWD_WALK is 'sideways', expected auto, heads-outer or from-last");
+}
+
+// The plan reads FLEXCP_SM90_BWD_UNITS when it is made (no GPU needed): auto is the plan's rule
+// (causal 32K, 64:8 on 132 SMs: head units), items and heads force one kind, and anything else is
+// an error that names the variable and what it takes.
+TEST(Sm90Backward, UnitKindFromTheEnvironment) {
+  const AttentionShape shape{32768, 32768, 64, 8, 128, DType::kBFloat16, Device::kCuda, 0};
+  const Mask mask = masks::causal(32768, 32768);
+  for (const auto& [value, want] :
+       {std::pair{"items", BwdUnitKind::kItems}, {"heads", BwdUnitKind::kHeads}}) {
+    const UnitsFromEnv env(value);
+    EXPECT_EQ(AttentionPlan(mask, shape).impl().bwd_units.kind, want) << value;
   }
+  if (sm90::planned_multiprocessors(0) == 132) {
+    const UnitsFromEnv env("auto");
+    EXPECT_EQ(AttentionPlan(mask, shape).impl().bwd_units.kind, BwdUnitKind::kHeads);
+  }
+  const UnitsFromEnv env("rows");
+  expect_invalid_plan(mask, shape,
+                      "FLEXCP_SM90_BWD_UNITS is 'rows', expected auto, items or heads");
+}
+
+// Head units forced on small plans (FLEXCP_SM90_BWD_UNITS=heads): each item's q heads add up in
+// turn in one fp32 slot, which passes from item to item (four kv heads: four sweeps on two sets
+// of slots). They match the reference in both modes, on causal, document and random masks, GQA
+// 8:4, 16:2 and 6:2 (head dim 64), with a sink, and dK and dV repeat bit for bit.
+TEST(Sm90Backward, HeadUnitsMatchTheReferenceAndRepeatBitForBit) {
+  SKIP_WITHOUT_GPU();
+  std::mt19937_64 rng(95);
+  const UnitsFromEnv env("heads");
+  const test::KernelCase turns{"heads-turns", 1024, 1024, 8, 4, 128, DType::kBFloat16, 0.0,
+                               /*sink=*/true};
+  const Mask causal = masks::causal(turns.tq, turns.tk);
+  const AttentionShape shape{turns.tq, turns.tk,    turns.hq,      turns.hk,
+                             turns.d,  turns.dtype, Device::kCuda, 0};
+  ASSERT_EQ(AttentionPlan(causal, shape).impl().bwd_units.kind, BwdUnitKind::kHeads);
+  check_gradients(turns, causal, rng, /*deterministic=*/false);
+  check_gradients(turns, causal, rng, /*deterministic=*/true);
+  check_case({"heads-documents", 1500, 1500, 16, 2, 128}, masks::varlen_causal({700, 77, 523, 200}),
+             rng);
+  check_case({"heads-random", 700, 900, 6, 2, 64}, test::random_mask(rng, 700, 900), rng);
+  const Inputs in = make_inputs(turns, rng);
+  const DeviceGrads a = run_on_device(turns, in, causal), b = run_on_device(turns, in, causal);
+  EXPECT_EQ(a.dk.bytes, b.dk.bytes);
+  EXPECT_EQ(a.dv.bytes, b.dv.bytes);
 }
 
 // dK and dV are written once per key tile in a fixed order: the same bits on every run. dQ is

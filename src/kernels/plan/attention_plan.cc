@@ -2,9 +2,11 @@
 // will run it (kernels/tiles.h), and for device plans the workspace they are copied to once.
 #include "flexcp/attention_plan.h"
 
+#include <initializer_list>
 #include <optional>
 #include <stdexcept>
 #include <string>
+#include <utility>
 
 #include "core/checks.h"
 #include "core/env.h"
@@ -112,13 +114,20 @@ std::vector<Band> checked_work(const ArgChecker& c, const std::vector<Band>& wor
 }
 
 #if defined(FLEXCP_WITH_CUDA)
-// FLEXCP_SM90_BWD_WALK (core/env.cc): every unit's walk, or empty for the plan's choice.
-std::optional<BwdWalk> bwd_walk_from_env(const ArgChecker& c) {
-  const std::string v = env_value("FLEXCP_SM90_BWD_WALK");
+// A setting read from the environment variable `name` (core/env.cc): empty for "auto", else the
+// named choice; anything else fails, naming the variable, its value and the choices.
+template <class T>
+std::optional<T> choice_from_env(const ArgChecker& c, const char* name,
+                                 std::initializer_list<std::pair<const char*, T>> choices) {
+  const std::string v = env_value(name);
   if (v == "auto") return std::nullopt;
-  if (v == "heads-outer") return BwdWalk::kHeadsOuter;
-  if (v == "from-last") return BwdWalk::kHeadsInnerFromLast;
-  c.fail("FLEXCP_SM90_BWD_WALK is '" + v + "', expected auto, heads-outer or from-last");
+  std::string expected = "auto";
+  std::size_t i = 0;
+  for (const auto& [word, value] : choices) {
+    if (v == word) return value;
+    expected += (++i == choices.size() ? " or " : ", ") + std::string(word);
+  }
+  c.fail(std::string(name) + " is '" + v + "', expected " + expected);
 }
 #endif
 
@@ -184,11 +193,17 @@ AttentionPlan make_attention_plan(const std::vector<Band>& work, const Attention
 #if defined(FLEXCP_WITH_CUDA)
     try {
       impl->bwd_units = plan_bwd_units(
-          impl->cols, {.sms = sm90::planned_multiprocessors(static_cast<int>(shape.device_index)),
-                       .block_rows = tiles::kSm90BwdBlockM,
-                       .heads_kv = shape.heads_kv,
-                       .group = shape.group(),
-                       .walk = bwd_walk_from_env(c)});
+          impl->cols,
+          {.sms = sm90::planned_multiprocessors(static_cast<int>(shape.device_index)),
+           .block_rows = tiles::kSm90BwdBlockM,
+           .heads_kv = shape.heads_kv,
+           .group = shape.group(),
+           .walk = choice_from_env<BwdWalk>(c, "FLEXCP_SM90_BWD_WALK",
+                                            {{"heads-outer", BwdWalk::kHeadsOuter},
+                                             {"from-last", BwdWalk::kHeadsInnerFromLast}}),
+           .kind = choice_from_env<BwdUnitKind>(
+               c, "FLEXCP_SM90_BWD_UNITS",
+               {{"items", BwdUnitKind::kItems}, {"heads", BwdUnitKind::kHeads}})});
     } catch (const std::length_error& e) {
       c.fail(e.what());
     }

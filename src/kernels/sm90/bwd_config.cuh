@@ -19,7 +19,8 @@ enum class BwdBarrier : std::uint32_t {
   kDqStaged = 1,       // a group has staged its dQ of a block for the dQ writer's reductions
                        // (ids 1 and 2: one per group)
   kPartialStored = 3,  // a split item's unit: both groups have stored their dK/dV partials (and,
-                       // the second time, thread 0 has said whether this unit is the last)
+                       // the second time, thread 0 has said whether this unit is the last); a
+                       // chained unit: its turn has come, and then its sum is stored
   kDqEmpty = 4,        // the dQ writer's reductions have read a group's tile (ids 4 and 5)
 };
 

@@ -1,7 +1,8 @@
 // The backward kernel's epilogue, run by both consumer warp groups at the end of each unit: dK
 // (scaled) and dV of the unit's keys from the accumulators, and, for a unit of a split item
-// (kernels/worklist/bwd_units.h), storing its partials, counting it in, and in the last unit to
-// arrive summing every unit's partials first.
+// (kernels/worklist/bwd_units.h), combining the units' partials first: storing its own, counting
+// it in, and in the last unit to arrive summing every unit's (BwdPartials::kLastSums), or waiting
+// for its turn and adding the sum so far to its own (BwdPartials::kChain).
 #pragma once
 
 #include <cutlass/arch/barrier.h>
@@ -64,28 +65,47 @@ __device__ __forceinline__ void write_dk_dv(const BwdParams& p, const BwdUnit& i
 // in; the last to arrive sums every unit's partials in unit order into dk_acc and dv_acc (the same
 // bits whichever unit finishes last) and returns true: it writes the item's dK and dV. `ctid` is
 // the thread's index over both consumer groups; `last_unit` a shared flag.
+// This thread's float4s of the dK and dV partials in one slot, each read or written through L2
+// (another SM's unit reads them): v-th vector of dK (kind 0) or dV (kind 1).
+template <class Cfg>
+struct PartialSlot {
+  static constexpr int kThreads = 128 * Cfg::kConsumers;
+  static constexpr int kVectors = Cfg::kPartialVectors;
+  float* base;  // the slot's first float4 of this thread
+  __device__ __forceinline__ PartialSlot(const BwdParams& p, int slot, int ctid)
+      : base(p.partials + std::int64_t(slot) * (2 * kVectors * 4 * kThreads) + ctid * 4) {}
+  __device__ __forceinline__ float4* at(int kind, int v) const {
+    return reinterpret_cast<float4*>(base + (kind * kVectors + v) * kThreads * 4);
+  }
+  template <class Frag>
+  __device__ __forceinline__ void store(const Frag& dk_acc, const Frag& dv_acc) const {
+    CUTLASS_PRAGMA_UNROLL
+    for (int v = 0; v < kVectors; ++v) {
+      __stcg(at(0, v),
+             make_float4(dk_acc(4 * v), dk_acc(4 * v + 1), dk_acc(4 * v + 2), dk_acc(4 * v + 3)));
+      __stcg(at(1, v),
+             make_float4(dv_acc(4 * v), dv_acc(4 * v + 1), dv_acc(4 * v + 2), dv_acc(4 * v + 3)));
+    }
+  }
+  template <class Frag>
+  __device__ __forceinline__ void add_to(Frag& dk_acc, Frag& dv_acc) const {
+    auto add = [](Frag& frag, int v, float4 x) {
+      frag(4 * v) += x.x, frag(4 * v + 1) += x.y, frag(4 * v + 2) += x.z, frag(4 * v + 3) += x.w;
+    };
+    CUTLASS_PRAGMA_UNROLL
+    for (int v = 0; v < kVectors; ++v) {
+      add(dk_acc, v, __ldcg(at(0, v)));
+      add(dv_acc, v, __ldcg(at(1, v)));
+    }
+  }
+};
+
 template <class Cfg, class Frag>
 __device__ __forceinline__ bool sum_split_partials(const BwdParams& p, const BwdUnit& it,
                                                    Frag& dk_acc, Frag& dv_acc, int ctid,
                                                    int& last_unit) {
   constexpr int kThreads = 128 * Cfg::kConsumers;
-  constexpr int kVectors = Cfg::kPartialVectors;
-  constexpr std::int64_t kSlot = 2 * kVectors * 4 * kThreads;
-  auto at = [&](int slot, int kind, int v) {
-    return reinterpret_cast<float4*>(p.partials + slot * kSlot +
-                                     ((kind * kVectors + v) * kThreads + ctid) * 4);
-  };
-  auto vec = [](auto const& frag, int v) {
-    return make_float4(frag(4 * v), frag(4 * v + 1), frag(4 * v + 2), frag(4 * v + 3));
-  };
-  auto add = [](auto& frag, int v, float4 x) {
-    frag(4 * v) += x.x, frag(4 * v + 1) += x.y, frag(4 * v + 2) += x.z, frag(4 * v + 3) += x.w;
-  };
-  CUTLASS_PRAGMA_UNROLL
-  for (int v = 0; v < kVectors; ++v) {
-    __stcg(at(it.slot + it.split, 0, v), vec(dk_acc, v));
-    __stcg(at(it.slot + it.split, 1, v), vec(dv_acc, v));
-  }
+  PartialSlot<Cfg>(p, it.slot + it.split, ctid).store(dk_acc, dv_acc);
   __threadfence();  // the partials, visible on every SM before the unit counts itself in
   const auto stored = static_cast<std::uint32_t>(BwdBarrier::kPartialStored);
   cutlass::arch::NamedBarrier::sync(kThreads, stored);
@@ -100,14 +120,45 @@ __device__ __forceinline__ bool sum_split_partials(const BwdParams& p, const Bwd
   __threadfence();  // the other units' partials are read after their counts
   cute::clear(dk_acc);
   cute::clear(dv_acc);
-  for (int s = 0; s < it.splits; ++s) {
-    CUTLASS_PRAGMA_UNROLL
-    for (int v = 0; v < kVectors; ++v) {
-      add(dk_acc, v, __ldcg(at(it.slot + s, 0, v)));
-      add(dv_acc, v, __ldcg(at(it.slot + s, 1, v)));
+  for (int s = 0; s < it.splits; ++s) PartialSlot<Cfg>(p, it.slot + s, ctid).add_to(dk_acc, dv_acc);
+  return true;
+}
+
+// A unit of a chained item (BwdPartials::kChain): waits until the item's counter reads its turn,
+// adds the slot (the sum of the units before it) to its own partials, stores the sum for the next
+// unless it is the last, and passes the counter on. The sum runs in split order whichever SM
+// finishes first, so dK and dV are the same bits on every run. Returns true in the last unit: it
+// writes dK and dV.
+template <class Cfg, class Frag>
+__device__ __forceinline__ bool chain_split_partials(const BwdParams& p, const BwdUnit& it,
+                                                     Frag& dk_acc, Frag& dv_acc, int ctid) {
+  constexpr int kThreads = 128 * Cfg::kConsumers;
+  const auto turn = static_cast<std::uint32_t>(BwdBarrier::kPartialStored);
+  int* counter = p.split_counters + it.counter;
+  if (ctid == 0) {
+    // The unit before is earlier in the scheduler's order, on a running CTA (the launch's CTAs
+    // are all resident, one per SM): it arrives, within one unit's time. (Unbounded, like the
+    // pipelines' waits; bounded with a trap, ptxas serialises the products, C7512.)
+    for (;;) {
+      int seen;
+      asm volatile("ld.global.acquire.gpu.b32 %0, [%1];" : "=r"(seen) : "l"(counter) : "memory");
+      if (seen == it.wait_for) break;
+      __nanosleep(128);
     }
   }
-  return true;
+  cutlass::arch::NamedBarrier::sync(kThreads, turn);
+  const PartialSlot<Cfg> slot(p, it.slot, ctid);
+  if (it.split > 0) {
+    __threadfence();  // the units before's sum is read after their turn passed
+    slot.add_to(dk_acc, dv_acc);
+  }
+  const bool last = it.split == it.splits - 1;
+  if (!last) slot.store(dk_acc, dv_acc);
+  __threadfence();  // the sum stored (and the slot read) before the next unit's turn
+  cutlass::arch::NamedBarrier::sync(kThreads, turn);
+  if (ctid == 0)
+    asm volatile("st.global.release.gpu.b32 [%0], %1;" ::"l"(counter), "r"(it.then_set) : "memory");
+  return last;
 }
 
 }  // namespace flexcp::sm90::detail

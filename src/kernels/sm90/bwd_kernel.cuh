@@ -103,9 +103,12 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
     }
     // Read again rather than kept across the walk, where its fields would take registers.
     const BwdUnit unit = p.units[i];
-    if (unit.splits == 1 ||
-        detail::sum_split_partials<Cfg>(p, unit, tdKrdK, tdVrdV, ctid, ss.last_unit))
-      detail::write_dk_dv<Cfg>(p, unit, tdKrdK, tdVrdV, half);
+    bool writes = unit.splits == 1;
+    if (!writes)
+      writes = unit.partials == BwdPartials::kChain
+                   ? detail::chain_split_partials<Cfg>(p, unit, tdKrdK, tdVrdV, ctid)
+                   : detail::sum_split_partials<Cfg>(p, unit, tdKrdK, tdVrdV, ctid, ss.last_unit);
+    if (writes) detail::write_dk_dv<Cfg>(p, unit, tdKrdK, tdVrdV, half);
   }
   if constexpr (Cfg::kAccumulateDq) {
     // The writer's release of this group's last tile: every barrier arrival has its sync.

@@ -53,7 +53,8 @@ struct BwdParams {
   DeviceWorkList work;
   // Its units, in the order the scheduler hands them out. A split item's units each store their
   // fp32 dK and dV in their slot of `partials` (bwd_scratch.h) and count themselves in the item's
-  // `split_counters` entry (zero between launches: the last one resets it).
+  // `split_counters` entry, or add up in one slot, taking turns on its counter (BwdPartials); the
+  // counters are zero between launches (the last unit on each resets it).
   const BwdUnit* units = nullptr;
   float* partials = nullptr;
   int* split_counters = nullptr;

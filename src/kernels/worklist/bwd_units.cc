@@ -8,6 +8,8 @@
 #include <queue>
 #include <stdexcept>
 #include <string>
+#include <utility>
+#include <vector>
 
 namespace flexcp {
 namespace {
@@ -24,6 +26,23 @@ constexpr std::int64_t kMinUnitBlocks = 4;
 // A split (or the order across kv heads, which gives up L2 reuse of Q and dO) must be predicted
 // to finish sooner by this much: the simulation does not see memory traffic.
 constexpr double kMinGain = 0.03;
+// A head unit also waits for its turn, reads the slot and stores it again (2 x 128 KB at head dim
+// 128 through L2): about one block more than a split unit's store. Measured against item units
+// where L2 gains nothing (full documents, sliding window 1024): ~1.8 blocks a unit.
+constexpr double kChainOverhead = 2.0;
+// Head units where the walks of the tiles that share q blocks differ in length by at least
+// kMinDrift (bwd_walk_drift: causal and causal documents 0.30, block-causal 2048 at 32K 0.29,
+// prefix-LM 0.27, full documents 0.11-0.16, full 0), where the plan has more than kInnerWalkWaves
+// waves of items, and where one head's walk averages at least kMinHeadUnitBlocks. Measured on the
+// H200 (GQA 64:8, the protocol masks at 8K-32K, bench/results/h200-backward-2026-12-04.md section
+// 14), head units against item units: causal, causal documents and window 4096 over documents
+// shorter than the window (drift 0.30) +6% to +10%; block-causal +3% at 0.29, -4% at 0.26;
+// prefix-LM (0.27) -5% to +1%; shared question (0.6-0.9) -3% at 8K, +21% at 32K; under 0.2,
+// -1% to -11%, tracking the unit's own cost against its length (full documents -6% at 32 blocks a
+// head, -1.6% at 110; window 1024 -9% to -11% at 13-17 blocks). Causal documents at 17 blocks a
+// head still gained 6%: the floor below is a guess past that.
+constexpr double kMinDrift = 0.28;
+constexpr double kMinHeadUnitBlocks = 16;
 // Partial slots per SM at most (128 KB each at head dim 128): bounds the scratch.
 constexpr std::int64_t kMaxSlotsPerSm = 4;
 // Splits tried: the items cut to at most avg / d blocks, avg = the work per SM.
@@ -88,6 +107,71 @@ BwdUnits cut(const std::vector<Item>& items, double target, int sms) {
   return u;
 }
 
+// Whether the plan's items drift apart on the SMs and are long enough for head units.
+bool wants_head_units(const WorkList& cols, const std::vector<std::int64_t>& blocks,
+                      const BwdUnitOptions& o) {
+  if (o.group < 2) return false;
+  double n = 0, sum = 0;
+  for (const std::int64_t b : blocks)
+    if (b > 0) n += 1, sum += double(b);
+  if (n * double(o.heads_kv) <= double(kInnerWalkWaves) * o.sms) return false;
+  return sum / n / double(o.group) >= kMinHeadUnitBlocks && bwd_walk_drift(cols, o) >= kMinDrift;
+}
+
+// Head units (BwdUnitKind::kHeads): per kv head, per chunk of at most kHeadSweepTiles tiles with
+// work (busiest first), one sweep per q head over the chunk's tiles; the chunks take turns on two
+// sets of slots. Items without work stay whole, last (they write zeros).
+BwdUnits head_units(const WorkList& cols, const std::vector<std::int64_t>& blocks,
+                    const BwdUnitOptions& o) {
+  std::vector<std::int32_t> busy, idle;
+  for (const std::int32_t t : cols.tile_order) (blocks[t] > 0 ? busy : idle).push_back(t);
+  const auto n = static_cast<std::int64_t>(busy.size());
+  const std::int64_t chunks = (n + kHeadSweepTiles - 1) / kHeadSweepTiles;
+  const std::int64_t per_chunk = chunks > 0 ? (n + chunks - 1) / chunks : 0;
+  BwdUnits u;
+  u.kind = BwdUnitKind::kHeads;
+  u.slots = u.counters = std::min<std::int64_t>(2, chunks * o.heads_kv) * per_chunk;
+  std::vector<std::int32_t> count(static_cast<std::size_t>(u.slots), 0);
+  std::vector<std::size_t> last_on(static_cast<std::size_t>(u.slots), 0);
+  std::vector<double> costs;
+  std::int64_t sweep_set = 0;
+  for (std::int64_t h = 0; h < o.heads_kv; ++h)
+    for (std::int64_t c = 0; c < chunks; ++c, sweep_set ^= 1)
+      for (std::int64_t j = 0; j < o.group; ++j)
+        for (std::int64_t i = c * per_chunk; i < std::min(n, (c + 1) * per_chunk); ++i) {
+          const std::int32_t t = busy[static_cast<std::size_t>(i)];
+          const std::int64_t per_head = blocks[t] / o.group;
+          const auto slot = static_cast<std::int32_t>(sweep_set * per_chunk + i - c * per_chunk);
+          BwdUnit unit;
+          unit.tile = t;
+          unit.kv_head = static_cast<std::int32_t>(h);
+          unit.block_begin = static_cast<std::int32_t>(j * per_head);
+          unit.block_end = static_cast<std::int32_t>((j + 1) * per_head);
+          unit.walk = BwdWalk::kHeadsOuter;  // one head's blocks are one run of this walk
+          unit.splits = static_cast<std::int32_t>(o.group);
+          unit.split = static_cast<std::int32_t>(j);
+          unit.slot = unit.counter = slot;
+          unit.partials = BwdPartials::kChain;
+          unit.wait_for = count[slot];
+          unit.then_set = ++count[slot];
+          last_on[slot] = u.units.size();
+          u.units.push_back(unit);
+          costs.push_back(double(per_head) + kUnitOverhead + kChainOverhead);
+        }
+  for (std::int64_t s = 0; s < u.slots; ++s)
+    if (count[s] > 0) u.units[last_on[s]].then_set = 0;  // ready for the next launch
+  for (std::int64_t h = 0; h < o.heads_kv; ++h)
+    for (const std::int32_t t : idle) {
+      BwdUnit unit;
+      unit.tile = t;
+      unit.kv_head = static_cast<std::int32_t>(h);
+      u.units.push_back(unit);
+      costs.push_back(kUnitOverhead);
+    }
+  u.predicted = simulate(costs, o.sms);
+  return u;
+}
+
 }  // namespace
 
 std::int64_t bwd_item_blocks(const WorkList& cols, std::int64_t tile, const BwdUnitOptions& o) {
@@ -97,6 +181,59 @@ std::int64_t bwd_item_blocks(const WorkList& cols, std::int64_t tile, const BwdU
     blocks += (entry.end - entry.begin + o.block_rows - 1) / o.block_rows;
   }
   return blocks * o.group;
+}
+
+double bwd_walk_drift(const WorkList& cols, const BwdUnitOptions& o) {
+  // Each tile adds its length L (and L^2, and 1) to the q blocks it visits; a sweep over the
+  // first and end blocks of its runs of blocks sums, for every q block, the squared deviations of
+  // its tiles' lengths from their mean and the squared means, in O(entries log entries) time and
+  // memory (a 2^31-row mask has 2^25 q blocks; its entries are far fewer).
+  struct Edge {
+    std::int64_t block;
+    double length;  // negative at an entry's end
+  };
+  std::vector<Edge> edges;
+  edges.reserve(2 * cols.entries.size());
+  std::vector<std::pair<std::int64_t, std::int64_t>> runs;  // one tile's [first, end) blocks
+  for (std::int64_t t = 0; t < cols.num_tiles(); ++t) {
+    // The tile's q blocks, each once (two entries may end and start in one block): runs of
+    // blocks, merged where they touch; its length, the blocks in them.
+    runs.clear();
+    for (std::int64_t e = cols.tile_offsets[t]; e < cols.tile_offsets[t + 1]; ++e) {
+      const WorkEntry& entry = cols.entries[e];
+      if (entry.end > entry.begin)
+        runs.emplace_back(entry.begin / o.block_rows,
+                          (entry.end + o.block_rows - 1) / o.block_rows);
+    }
+    std::sort(runs.begin(), runs.end());
+    std::size_t merged = 0;
+    for (std::size_t r = 0; r < runs.size(); ++r) {
+      if (merged > 0 && runs[r].first <= runs[merged - 1].second)
+        runs[merged - 1].second = std::max(runs[merged - 1].second, runs[r].second);
+      else
+        runs[merged++] = runs[r];
+    }
+    runs.resize(merged);
+    double length = 0;
+    for (const auto& [first, end] : runs) length += double(end - first);
+    for (const auto& [first, end] : runs) {
+      edges.push_back({first, length});
+      edges.push_back({end, -length});
+    }
+  }
+  std::sort(edges.begin(), edges.end(),
+            [](const Edge& a, const Edge& b) { return a.block < b.block; });
+  double count = 0, sum = 0, sum2 = 0, deviation = 0, mean2 = 0;
+  for (std::size_t i = 0; i < edges.size(); ++i) {
+    const double sign = edges[i].length < 0 ? -1 : 1;
+    count += sign, sum += edges[i].length, sum2 += sign * edges[i].length * edges[i].length;
+    const std::int64_t next = i + 1 < edges.size() ? edges[i + 1].block : edges[i].block;
+    if (count < 0.5 || next == edges[i].block) continue;
+    const double run = double(next - edges[i].block);  // blocks with these tiles
+    deviation += run * std::max(0.0, sum2 - sum * sum / count);
+    mean2 += run * sum * sum / count;
+  }
+  return mean2 > 0 ? std::sqrt(deviation / mean2) : 0.0;
 }
 
 BwdWalk bwd_tile_walk(const WorkList& cols, std::int64_t tile) {
@@ -156,6 +293,14 @@ BwdUnits plan_bwd_units(const WorkList& cols, const BwdUnitOptions& o) {
   // Past the first waves, units start one by one as SMs free up, out of step (BwdWalk).
   if (o.walk || best.units.size() > static_cast<std::size_t>(kInnerWalkWaves) * o.sms)
     for (BwdUnit& unit : best.units) unit.walk = o.walk.value_or(BwdWalk::kHeadsOuter);
+  // A forced walk asks for item units (it compares the walks), unless head units are asked too.
+  const bool heads =
+      o.kind ? *o.kind == BwdUnitKind::kHeads : !o.walk && wants_head_units(cols, blocks, o);
+  if (heads && o.group > 1) {
+    BwdUnits h = head_units(cols, blocks, o);
+    h.predicted_unsplit = unsplit;
+    return h;
+  }
   return best;
 }
 

@@ -36,6 +36,36 @@ enum class BwdWalk : std::int32_t {
   kHeadsInnerFromLast = 1,
 };
 
+// How the units of a split item combine their dK and dV partials (fp32, in partial slots).
+enum class BwdPartials : std::int32_t {
+  // Each unit stores its partials in its own slot (`slot + split`) and counts itself in on
+  // `counter`; the last to arrive sums every slot in unit order and writes dK and dV. No unit
+  // waits for another. The units of an item are consecutive in the order.
+  kLastSums = 0,
+  // The units add up in split order in one slot (`slot`): each waits until `counter` reads
+  // `wait_for`, adds the slot (the sum of the units before it) to its own partials, stores the sum
+  // (all but the last) and sets the counter to `then_set`; the last writes dK and dV. The slot and
+  // its counter pass from item to item (the first unit of the next item waits for the last of
+  // the one before), so a few slots serve a whole plan. A unit's predecessor on its counter is
+  // earlier in the order, so it has been taken by a running CTA and does not wait on this one:
+  // the wait ends while every CTA of the launch is resident (one per SM, as the scheduler needs).
+  kChain = 1,
+};
+
+// How the plan cuts the items into units.
+enum class BwdUnitKind : std::int32_t {
+  // (key tile, kv head) items, kv head by kv head, busiest first; split (kLastSums) where the
+  // scheduler would otherwise wait on the heaviest ones.
+  kItems = 0,
+  // One q head of an item per unit, its partials chained (kChain), in sweeps: every key tile of a
+  // chunk for one q head, then the next head. Side-by-side units then stay on one head and sweep
+  // its rows together, so L2 serves Q, dO and dQ once per sweep; items of one kv head walk their
+  // heads one after the other, and on masks whose tiles' walks differ in length (causal) they
+  // drift apart by whole heads, and most of their blocks come from HBM
+  // (bench/results/h200-backward-2026-12-04.md section 13).
+  kHeads = 1,
+};
+
 // One unit: the q blocks [block_begin, block_end) of its item's walk.
 struct BwdUnit {
   std::int32_t tile = 0;
@@ -44,15 +74,19 @@ struct BwdUnit {
   std::int32_t block_end = 0;
   BwdWalk walk = BwdWalk::kHeadsOuter;
   std::int32_t splits = 1;   // units of this unit's item (1: it writes dK and dV itself)
-  std::int32_t split = 0;    // which of them (the partial slot after `slot`)
+  std::int32_t split = 0;    // which of them
   std::int32_t slot = 0;     // the item's first partial slot (split items only)
-  std::int32_t counter = 0;  // the item's arrival counter (split items only)
+  std::int32_t counter = 0;  // the item's counter (split items only)
+  BwdPartials partials = BwdPartials::kLastSums;
+  std::int32_t wait_for = 0;  // kChain: the counter's value when this unit's turn comes
+  std::int32_t then_set = 0;  // kChain: the value it leaves for the next (0 by the slot's last)
 };
 
 struct BwdUnits {
   std::vector<BwdUnit> units;  // in the order the kernel's scheduler hands them out
-  std::int64_t slots = 0;      // partial slots: fp32 dK and dV of one key tile each
-  std::int64_t counters = 0;   // split items, one arrival counter each
+  BwdUnitKind kind = BwdUnitKind::kItems;
+  std::int64_t slots = 0;     // partial slots: fp32 dK and dV of one key tile each
+  std::int64_t counters = 0;  // kItems: split items, one arrival counter each; kHeads: slots
   // The scheduler's makespan in q blocks (one block of one head against one key tile), as
   // simulated on the SMs for the chosen units and for the unsplit items in their first order.
   double predicted = 0;
@@ -64,12 +98,21 @@ struct BwdUnitOptions {
   int block_rows = 64;  // q rows per block of the kernel
   std::int64_t heads_kv = 1;
   std::int64_t group = 1;       // q heads per kv head
-  std::optional<BwdWalk> walk;  // every unit's walk; empty: bwd_tile_walk's, within two waves
+  std::optional<BwdWalk> walk;  // every item unit's walk; empty: bwd_tile_walk's, within two waves
+  std::optional<BwdUnitKind> kind;  // empty: the plan's rule (plan_bwd_units)
 };
 
 // Blocks of one item's walk: group x the tile's blocks (an entry of n rows has ceil(n /
 // block_rows)).
 std::int64_t bwd_item_blocks(const WorkList& cols, std::int64_t tile, const BwdUnitOptions& o);
+
+// How far apart the tiles' walks drift: over the q blocks, the spread of the lengths (blocks of one
+// q head) of the tiles whose walks visit each block, relative to their mean (the root of the
+// summed squared deviations over the summed squared means). Tiles that share q blocks and walk
+// them head by head stay in step where their walks are equally long (full, full documents,
+// sliding windows: 0 to ~0.16) and drift apart by whole heads where they are not (causal: 0.30),
+// so that more q heads' blocks are in L2 at once.
+double bwd_walk_drift(const WorkList& cols, const BwdUnitOptions& o);
 
 // Plans with more units than this many per SM walk head by head (BwdWalk).
 inline constexpr int kInnerWalkWaves = 2;
@@ -78,11 +121,18 @@ inline constexpr int kInnerWalkWaves = 2;
 // where its last q row is a neighbouring tile's last too, else kHeadsOuter.
 BwdWalk bwd_tile_walk(const WorkList& cols, std::int64_t tile);
 
+// Head units' sweeps take at most this many key tiles (with work) at a time: their chained slots
+// are twice that (the next chunk's first units may start before the last ones of this chunk end),
+// 64 MB at head dim 128.
+inline constexpr int kHeadSweepTiles = 256;
+
 // The units for `cols` (tiles of keys, intervals of q rows): the items as they are, kv head by kv
 // head and busiest tile first (each kv head's Q and dO stay in L2 while its tiles run), unless a
 // split, or the busiest-first order across kv heads, is predicted to finish sooner by more than the
-// split's own cost (its partials' traffic, counted in the simulation). Throws std::length_error if
-// one item has 2^31 blocks or more.
+// split's own cost (its partials' traffic, counted in the simulation). Plans of many waves whose
+// items' walks drift apart (bwd_walk_drift) and are long enough to pay for one slot's traffic per
+// unit get head units (BwdUnitKind::kHeads) instead, when the group has more than one q head.
+// Throws std::length_error if one item has 2^31 blocks or more.
 BwdUnits plan_bwd_units(const WorkList& cols, const BwdUnitOptions& o);
 
 }  // namespace flexcp
