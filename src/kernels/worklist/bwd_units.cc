@@ -272,6 +272,15 @@ BwdUnits plan_bwd_units(const WorkList& cols, const BwdUnitOptions& o) {
   constexpr double kNoSplit = std::numeric_limits<double>::infinity();
   BwdUnits best = cut(items, kNoSplit, o.sms);
   const double unsplit = best.predicted;
+  // A forced walk asks for item units (it compares the walks), unless head units are asked too.
+  // Decided before the item units' splits are searched, which head units would not use.
+  const bool heads =
+      o.kind ? *o.kind == BwdUnitKind::kHeads : !o.walk && wants_head_units(cols, blocks, o);
+  if (heads && o.group > 1) {
+    BwdUnits h = head_units(cols, blocks, o);
+    h.predicted_unsplit = unsplit;
+    return h;
+  }
   if (o.sms > 1 && !items.empty()) {
     std::vector<Item> busiest_first = items;
     std::stable_sort(busiest_first.begin(), busiest_first.end(),
@@ -293,14 +302,6 @@ BwdUnits plan_bwd_units(const WorkList& cols, const BwdUnitOptions& o) {
   // Past the first waves, units start one by one as SMs free up, out of step (BwdWalk).
   if (o.walk || best.units.size() > static_cast<std::size_t>(kInnerWalkWaves) * o.sms)
     for (BwdUnit& unit : best.units) unit.walk = o.walk.value_or(BwdWalk::kHeadsOuter);
-  // A forced walk asks for item units (it compares the walks), unless head units are asked too.
-  const bool heads =
-      o.kind ? *o.kind == BwdUnitKind::kHeads : !o.walk && wants_head_units(cols, blocks, o);
-  if (heads && o.group > 1) {
-    BwdUnits h = head_units(cols, blocks, o);
-    h.predicted_unsplit = unsplit;
-    return h;
-  }
   return best;
 }
 
