@@ -54,9 +54,10 @@ def layouts(seqlen, mask, heads_kv, group, doc_len):
                 units.append([(kv * group + j, b) for b in reversed(qb) for j in range(group)])
         return units
 
-    def heads():  # one q head per unit, q head by q head over all tiles (BwdUnitKind::kHeads)
-        return [[(h, b) for b in tile_blocks_(t)]
-                for h in range(heads_kv * group) for t in tiles]
+    def heads(n=1):  # n q heads of a group per unit, sweeps over all tiles (BwdUnitKind::kHeads)
+        return [[(kv * group + j, b) for j in range(j0, min(j0 + n, group))
+                 for b in tile_blocks_(t)]
+                for kv in range(heads_kv) for j0 in range(0, group, n) for t in tiles]
 
     return {
         "items, kv head by kv head, heads-outer walk (BwdUnitKind::kItems)":
@@ -65,6 +66,7 @@ def layouts(seqlen, mask, heads_kv, group, doc_len):
         "items, busiest first across kv heads, heads-outer walk":
             lambda: items("across-kv", "heads-outer"),
         "head units, q head by q head (BwdUnitKind::kHeads)": heads,
+        "head units of two q heads each": lambda: heads(2),
     }
 
 

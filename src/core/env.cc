@@ -18,6 +18,9 @@ const std::vector<EnvVar>& env_vars() {
        "How the CUDA backward cuts its work into units, read when a plan is made: auto (the "
        "plan's rule), items ((key tile, kv head) items, split where they are few) or heads (one q "
        "head of an item each, partials summed in turn; to measure one against the other)"},
+      {"FLEXCP_SM90_BWD_UNIT_HEADS", "auto",
+       "The q heads of one head unit of the CUDA backward, read when a plan is made: auto (the "
+       "plan's, 1), 1, 2, 4 or 8 (at most the group; to measure one against the other)"},
       {"FLEXCP_SM90_BWD_WALK", "auto",
        "How the CUDA backward's item units walk their q blocks, read when a plan is made: auto "
        "(the plan picks per unit), heads-outer or from-last (every item unit, and item units "

@@ -39,7 +39,8 @@ BwdUnitOptions options(int sms, std::int64_t heads_kv, std::int64_t group) {
           .heads_kv = heads_kv,
           .group = group,
           .walk = std::nullopt,
-          .kind = std::nullopt};
+          .kind = std::nullopt,
+          .unit_heads = std::nullopt};
 }
 
 // Chained units (BwdPartials::kChain) on each counter, in the scheduler's order: the first waits
@@ -131,9 +132,9 @@ Planned planned_on_h200(const Mask& mask) {
   return p;
 }
 
-// Random masks and GPU sizes, the plan's own units and head units forced on every plan
-// (FLEXCP_SM90_BWD_UNITS=heads): the items' blocks once each, the chains' turns in order; with one
-// q head per kv head, item units.
+// Random masks and GPU sizes, the plan's own units and head units of one, two and three q heads
+// forced on every plan (FLEXCP_SM90_BWD_UNITS=heads, FLEXCP_SM90_BWD_UNIT_HEADS): the items'
+// blocks once each, the chains' turns in order; with one q head per kv head, item units.
 TEST(BwdUnits, EveryBlockOnceOnRandomMasksAndGpuSizes) {
   std::mt19937_64 rng(31);
   for (int iter = 0; iter < 60; ++iter) {
@@ -142,12 +143,12 @@ TEST(BwdUnits, EveryBlockOnceOnRandomMasksAndGpuSizes) {
     const WorkList cols = key_tiles(mask);
     for (const int sms : {1, 7, 132, 1000})
       for (const auto& [hk, group] : {std::pair{1, 1}, {2, 3}, {8, 8}})
-        for (const bool heads : {false, true}) {
+        for (const int heads : {0, 1, 2, 3}) {  // q heads per head unit; 0: the plan's units
           SCOPED_TRACE("t=" + std::to_string(t) + " sms=" + std::to_string(sms) +
                        " hk=" + std::to_string(hk) + " group=" + std::to_string(group) +
-                       (heads ? " head units" : ""));
+                       " head units of " + std::to_string(heads));
           BwdUnitOptions o = options(sms, hk, group);
-          if (heads) o.kind = BwdUnitKind::kHeads;
+          if (heads) o.kind = BwdUnitKind::kHeads, o.unit_heads = heads;
           const BwdUnits u = plan_bwd_units(cols, o);
           if (heads) {
             EXPECT_EQ(u.kind, group > 1 ? BwdUnitKind::kHeads : BwdUnitKind::kItems);
@@ -175,6 +176,31 @@ TEST(BwdUnits, LongCausalGetsHeadUnitsInSweeps) {
     ASSERT_EQ(unit.block_end - unit.block_begin, per_head) << "unit " << i;
     ASSERT_EQ(unit.walk, BwdWalk::kHeadsOuter);
   }
+}
+
+// Head units of two q heads (of 8): four units an item, each two heads' runs of the walk, chained
+// in order; of the whole group: the items in sweeps, nothing chained.
+TEST(BwdUnits, HeadUnitsTakeTheQHeadsAskedFor) {
+  const WorkList cols = key_tiles(masks::causal(32768, 32768));
+  BwdUnitOptions o = options(132, 8, 8);
+  o.kind = BwdUnitKind::kHeads;
+  o.unit_heads = 2;
+  const BwdUnits pairs = plan_bwd_units(cols, o);
+  check_units(cols, o, pairs);
+  ASSERT_EQ(static_cast<std::int64_t>(pairs.units.size()), 8 * 4 * cols.num_tiles());
+  for (const BwdUnit& unit : pairs.units) {
+    const std::int64_t per_head = bwd_item_blocks(cols, unit.tile, o) / 8;
+    ASSERT_EQ(unit.splits, 4);
+    ASSERT_EQ(unit.block_begin, 2 * unit.split * per_head);
+    ASSERT_EQ(unit.block_end - unit.block_begin, 2 * per_head);
+    ASSERT_EQ(unit.partials, BwdPartials::kChain);
+  }
+  o.unit_heads = 8;
+  const BwdUnits whole = plan_bwd_units(cols, o);
+  check_units(cols, o, whole);
+  EXPECT_EQ(whole.slots, 0);
+  EXPECT_EQ(static_cast<std::int64_t>(whole.units.size()), 8 * cols.num_tiles());
+  for (const BwdUnit& unit : whole.units) ASSERT_EQ(unit.splits, 1);
 }
 
 // The scheduler run on the plan's units with each unit's blocks as its time (one unit per SM at a

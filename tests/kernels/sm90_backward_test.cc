@@ -229,6 +229,9 @@ struct WalkFromEnv : ScopedEnv {
 struct UnitsFromEnv : ScopedEnv {
   explicit UnitsFromEnv(const char* value) : ScopedEnv("FLEXCP_SM90_BWD_UNITS", value) {}
 };
+struct UnitHeadsFromEnv : ScopedEnv {
+  explicit UnitHeadsFromEnv(const char* value) : ScopedEnv("FLEXCP_SM90_BWD_UNIT_HEADS", value) {}
+};
 
 // Making the plan fails with an invalid-argument error whose message holds `message`.
 void expect_invalid_plan(const Mask& mask, const AttentionShape& shape,
@@ -289,6 +292,21 @@ TEST(Sm90Backward, UnitKindFromTheEnvironment) {
     const UnitsFromEnv env("auto");
     EXPECT_EQ(AttentionPlan(mask, shape).impl().bwd_units.kind, BwdUnitKind::kHeads);
   }
+  {
+    // Two q heads a unit: four units an item, chained.
+    const UnitHeadsFromEnv heads("2");
+    const BwdUnits& units = AttentionPlan(mask, shape).impl().bwd_units;
+    ASSERT_EQ(units.kind, BwdUnitKind::kHeads);
+    for (const BwdUnit& unit : units.units) {
+      ASSERT_EQ(unit.splits, 4);
+      ASSERT_EQ(unit.partials, BwdPartials::kChain);
+    }
+  }
+  {
+    const UnitHeadsFromEnv heads("3");
+    expect_invalid_plan(mask, shape,
+                        "FLEXCP_SM90_BWD_UNIT_HEADS is '3', expected auto, 1, 2, 4 or 8");
+  }
   const UnitsFromEnv env("rows");
   expect_invalid_plan(mask, shape,
                       "FLEXCP_SM90_BWD_UNITS is 'rows', expected auto, items or heads");
@@ -297,7 +315,8 @@ TEST(Sm90Backward, UnitKindFromTheEnvironment) {
 // Head units forced on small plans (FLEXCP_SM90_BWD_UNITS=heads): each item's q heads add up in
 // turn in one fp32 slot, which passes from item to item (four kv heads: four sweeps on two sets
 // of slots). They match the reference in both modes, on causal, document and random masks, GQA
-// 8:4, 16:2 and 6:2 (head dim 64), with a sink, and dK and dV repeat bit for bit.
+// 8:4, 16:2 and 6:2 (head dim 64), with a sink, and dK and dV repeat bit for bit; and with two q
+// heads a unit (FLEXCP_SM90_BWD_UNIT_HEADS=2).
 TEST(Sm90Backward, HeadUnitsMatchTheReferenceAndRepeatBitForBit) {
   SKIP_WITHOUT_GPU();
   std::mt19937_64 rng(95);
@@ -317,6 +336,10 @@ TEST(Sm90Backward, HeadUnitsMatchTheReferenceAndRepeatBitForBit) {
   const DeviceGrads a = run_on_device(turns, in, causal), b = run_on_device(turns, in, causal);
   EXPECT_EQ(a.dk.bytes, b.dk.bytes);
   EXPECT_EQ(a.dv.bytes, b.dv.bytes);
+  // Two q heads a unit: GQA 6:2's items in units of two heads and one; 8:4's whole, in sweeps.
+  const UnitHeadsFromEnv pairs("2");
+  check_case({"head-pairs-random", 700, 900, 6, 2, 64}, test::random_mask(rng, 700, 900), rng);
+  check_gradients(turns, causal, rng, /*deterministic=*/false);
 }
 
 // dK and dV are written once per key tile in a fixed order: the same bits on every run. dQ is

@@ -203,7 +203,9 @@ AttentionPlan make_attention_plan(const std::vector<Band>& work, const Attention
                                              {"from-last", BwdWalk::kHeadsInnerFromLast}}),
            .kind = choice_from_env<BwdUnitKind>(
                c, "FLEXCP_SM90_BWD_UNITS",
-               {{"items", BwdUnitKind::kItems}, {"heads", BwdUnitKind::kHeads}})});
+               {{"items", BwdUnitKind::kItems}, {"heads", BwdUnitKind::kHeads}}),
+           .unit_heads = choice_from_env<std::int64_t>(c, "FLEXCP_SM90_BWD_UNIT_HEADS",
+                                                       {{"1", 1}, {"2", 2}, {"4", 4}, {"8", 8}})});
     } catch (const std::length_error& e) {
       c.fail(e.what());
     }

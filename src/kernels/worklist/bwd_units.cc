@@ -119,8 +119,9 @@ bool wants_head_units(const WorkList& cols, const std::vector<std::int64_t>& blo
 }
 
 // Head units (BwdUnitKind::kHeads): per kv head, per chunk of at most kHeadSweepTiles tiles with
-// work (busiest first), one sweep per q head over the chunk's tiles; the chunks take turns on two
-// sets of slots. Items without work stay whole, last (they write zeros).
+// work (busiest first), one sweep per unit's q heads (unit_heads of them) over the chunk's tiles;
+// the chunks take turns on two sets of slots. Items without work stay whole, last (they write
+// zeros).
 BwdUnits head_units(const WorkList& cols, const std::vector<std::int64_t>& blocks,
                     const BwdUnitOptions& o) {
   std::vector<std::int32_t> busy, idle;
@@ -128,35 +129,43 @@ BwdUnits head_units(const WorkList& cols, const std::vector<std::int64_t>& block
   const auto n = static_cast<std::int64_t>(busy.size());
   const std::int64_t chunks = (n + kHeadSweepTiles - 1) / kHeadSweepTiles;
   const std::int64_t per_chunk = chunks > 0 ? (n + chunks - 1) / chunks : 0;
+  const std::int64_t unit_heads =
+      std::clamp<std::int64_t>(o.unit_heads.value_or(kHeadsPerUnit), 1, o.group);
+  const std::int64_t splits = (o.group + unit_heads - 1) / unit_heads;
   BwdUnits u;
   u.kind = BwdUnitKind::kHeads;
-  u.slots = u.counters = std::min<std::int64_t>(2, chunks * o.heads_kv) * per_chunk;
+  // Units of the whole group are items in sweeps: nothing to chain.
+  if (splits > 1) u.slots = u.counters = std::min<std::int64_t>(2, chunks * o.heads_kv) * per_chunk;
   std::vector<std::int32_t> count(static_cast<std::size_t>(u.slots), 0);
   std::vector<std::size_t> last_on(static_cast<std::size_t>(u.slots), 0);
   std::vector<double> costs;
   std::int64_t sweep_set = 0;
   for (std::int64_t h = 0; h < o.heads_kv; ++h)
     for (std::int64_t c = 0; c < chunks; ++c, sweep_set ^= 1)
-      for (std::int64_t j = 0; j < o.group; ++j)
+      for (std::int64_t j = 0; j < splits; ++j)
         for (std::int64_t i = c * per_chunk; i < std::min(n, (c + 1) * per_chunk); ++i) {
           const std::int32_t t = busy[static_cast<std::size_t>(i)];
           const std::int64_t per_head = blocks[t] / o.group;
+          const std::int64_t head_end = std::min(o.group, (j + 1) * unit_heads);
           const auto slot = static_cast<std::int32_t>(sweep_set * per_chunk + i - c * per_chunk);
           BwdUnit unit;
           unit.tile = t;
           unit.kv_head = static_cast<std::int32_t>(h);
-          unit.block_begin = static_cast<std::int32_t>(j * per_head);
-          unit.block_end = static_cast<std::int32_t>((j + 1) * per_head);
-          unit.walk = BwdWalk::kHeadsOuter;  // one head's blocks are one run of this walk
-          unit.splits = static_cast<std::int32_t>(o.group);
+          unit.block_begin = static_cast<std::int32_t>(j * unit_heads * per_head);
+          unit.block_end = static_cast<std::int32_t>(head_end * per_head);
+          unit.walk = BwdWalk::kHeadsOuter;  // a head's blocks are one run of this walk
+          unit.splits = static_cast<std::int32_t>(splits);
           unit.split = static_cast<std::int32_t>(j);
-          unit.slot = unit.counter = slot;
-          unit.partials = BwdPartials::kChain;
-          unit.wait_for = count[slot];
-          unit.then_set = ++count[slot];
-          last_on[slot] = u.units.size();
+          if (splits > 1) {
+            unit.slot = unit.counter = slot;
+            unit.partials = BwdPartials::kChain;
+            unit.wait_for = count[slot];
+            unit.then_set = ++count[slot];
+            last_on[slot] = u.units.size();
+          }
           u.units.push_back(unit);
-          costs.push_back(double(per_head) + kUnitOverhead + kChainOverhead);
+          costs.push_back(double(unit.block_end - unit.block_begin) + kUnitOverhead +
+                          (splits > 1 ? kChainOverhead : 0.0));
         }
   for (std::int64_t s = 0; s < u.slots; ++s)
     if (count[s] > 0) u.units[last_on[s]].then_set = 0;  // ready for the next launch

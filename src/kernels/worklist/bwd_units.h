@@ -57,8 +57,9 @@ enum class BwdUnitKind : std::int32_t {
   // (key tile, kv head) items, kv head by kv head, busiest first; split (kLastSums) where the
   // scheduler would otherwise wait on the heaviest ones.
   kItems = 0,
-  // One q head of an item per unit, its partials chained (kChain), in sweeps: every key tile of a
-  // chunk for one q head, then the next head. Side-by-side units then stay on one head and sweep
+  // One q head of an item per unit (or a few: BwdUnitOptions::unit_heads), its partials chained
+  // (kChain), in sweeps: every key tile of a chunk for one q head, then the next head. Side-by-side
+  // units then stay on one head and sweep
   // its rows together, so L2 serves Q, dO and dQ once per sweep; items of one kv head walk their
   // heads one after the other, and on masks whose tiles' walks differ in length (causal) they
   // drift apart by whole heads, and most of their blocks come from HBM
@@ -100,7 +101,15 @@ struct BwdUnitOptions {
   std::int64_t group = 1;       // q heads per kv head
   std::optional<BwdWalk> walk;  // every item unit's walk; empty: bwd_tile_walk's, within two waves
   std::optional<BwdUnitKind> kind;  // empty: the plan's rule (plan_bwd_units)
+  // Head units: q heads of the group per unit (the last unit of an item takes what is left);
+  // empty: kHeadsPerUnit.
+  std::optional<std::int64_t> unit_heads;
 };
+
+// Head units' q heads each, unless the options ask for more: one. Fewer units mean less slot
+// traffic (each unit reads and stores its item's 128 KB slot) but side-by-side units that drift
+// apart by up to that many heads again (not yet measured: bench/bwd_l2_model.py).
+inline constexpr std::int64_t kHeadsPerUnit = 1;
 
 // Blocks of one item's walk: group x the tile's blocks (an entry of n rows has ceil(n /
 // block_rows)).
