@@ -159,40 +159,43 @@ TEST(BwdUnits, EveryBlockOnceOnRandomMasksAndGpuSizes) {
 }
 
 // Causal 32K, GQA 64:8 on 132 SMs: 2048 items whose walks range from 2 to 512 blocks a head.
-// Head units, in sweeps: each of the 64 q heads over all 256 tiles, busiest first, kv head by kv
-// head; every unit one head's run of blocks; two sets of 256 slots.
+// Head units, in sweeps: each pair of q heads (kHeadsPerUnit) over all 256 tiles, busiest first,
+// kv head by kv head; every unit its heads' run of blocks; two sets of 256 slots.
 TEST(BwdUnits, LongCausalGetsHeadUnitsInSweeps) {
   const auto [cols, u] = planned_on_h200(masks::causal(32768, 32768));
   ASSERT_EQ(u.kind, BwdUnitKind::kHeads);
-  ASSERT_EQ(static_cast<std::int64_t>(u.units.size()), 64 * cols.num_tiles());
+  const std::int64_t splits = 8 / kHeadsPerUnit;
+  ASSERT_EQ(static_cast<std::int64_t>(u.units.size()), 8 * splits * cols.num_tiles());
   EXPECT_EQ(u.slots, 2 * cols.num_tiles());
   const auto n = static_cast<std::size_t>(cols.num_tiles());
   for (std::size_t i = 0; i < u.units.size(); ++i) {
     const BwdUnit& unit = u.units[i];
-    const std::size_t sweep = i / n;  // q head kv_head * 8 + split
-    ASSERT_EQ(unit.kv_head * 8 + unit.split, static_cast<int>(sweep)) << "unit " << i;
+    const std::size_t sweep = i / n;  // kv_head * splits + split
+    ASSERT_EQ(unit.kv_head * splits + unit.split, static_cast<std::int64_t>(sweep)) << "unit " << i;
+    ASSERT_EQ(unit.splits, splits) << "unit " << i;
     ASSERT_EQ(unit.tile, cols.tile_order[i % n]) << "unit " << i;
     const std::int64_t per_head = bwd_item_blocks(cols, unit.tile, options(132, 8, 8)) / 8;
-    ASSERT_EQ(unit.block_end - unit.block_begin, per_head) << "unit " << i;
+    ASSERT_EQ(unit.block_begin, unit.split * kHeadsPerUnit * per_head) << "unit " << i;
+    ASSERT_EQ(unit.block_end - unit.block_begin, kHeadsPerUnit * per_head) << "unit " << i;
     ASSERT_EQ(unit.walk, BwdWalk::kHeadsOuter);
   }
 }
 
-// Head units of two q heads (of 8): four units an item, each two heads' runs of the walk, chained
+// Head units of one q head (of 8): eight units an item, each one head's run of the walk, chained
 // in order; of the whole group: the items in sweeps, nothing chained.
 TEST(BwdUnits, HeadUnitsTakeTheQHeadsAskedFor) {
   const WorkList cols = key_tiles(masks::causal(32768, 32768));
   BwdUnitOptions o = options(132, 8, 8);
   o.kind = BwdUnitKind::kHeads;
-  o.unit_heads = 2;
-  const BwdUnits pairs = plan_bwd_units(cols, o);
-  check_units(cols, o, pairs);
-  ASSERT_EQ(static_cast<std::int64_t>(pairs.units.size()), 8 * 4 * cols.num_tiles());
-  for (const BwdUnit& unit : pairs.units) {
+  o.unit_heads = 1;
+  const BwdUnits singles = plan_bwd_units(cols, o);
+  check_units(cols, o, singles);
+  ASSERT_EQ(static_cast<std::int64_t>(singles.units.size()), 8 * 8 * cols.num_tiles());
+  for (const BwdUnit& unit : singles.units) {
     const std::int64_t per_head = bwd_item_blocks(cols, unit.tile, o) / 8;
-    ASSERT_EQ(unit.splits, 4);
-    ASSERT_EQ(unit.block_begin, 2 * unit.split * per_head);
-    ASSERT_EQ(unit.block_end - unit.block_begin, 2 * per_head);
+    ASSERT_EQ(unit.splits, 8);
+    ASSERT_EQ(unit.block_begin, unit.split * per_head);
+    ASSERT_EQ(unit.block_end - unit.block_begin, per_head);
     ASSERT_EQ(unit.partials, BwdPartials::kChain);
   }
   o.unit_heads = 8;

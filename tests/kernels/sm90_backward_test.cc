@@ -293,12 +293,13 @@ TEST(Sm90Backward, UnitKindFromTheEnvironment) {
     EXPECT_EQ(AttentionPlan(mask, shape).impl().bwd_units.kind, BwdUnitKind::kHeads);
   }
   {
-    // Two q heads a unit: four units an item, chained.
-    const UnitHeadsFromEnv heads("2");
-    const BwdUnits& units = AttentionPlan(mask, shape).impl().bwd_units;
+    // One q head a unit (the plan's default is two): eight units an item, chained.
+    const UnitHeadsFromEnv heads("1");
+    const AttentionPlan plan(mask, shape);  // the units live as long as their plan
+    const BwdUnits& units = plan.impl().bwd_units;
     ASSERT_EQ(units.kind, BwdUnitKind::kHeads);
     for (const BwdUnit& unit : units.units) {
-      ASSERT_EQ(unit.splits, 4);
+      ASSERT_EQ(unit.splits, 8);
       ASSERT_EQ(unit.partials, BwdPartials::kChain);
     }
   }
@@ -315,8 +316,9 @@ TEST(Sm90Backward, UnitKindFromTheEnvironment) {
 // Head units forced on small plans (FLEXCP_SM90_BWD_UNITS=heads): each item's q heads add up in
 // turn in one fp32 slot, which passes from item to item (four kv heads: four sweeps on two sets
 // of slots). They match the reference in both modes, on causal, document and random masks, GQA
-// 8:4, 16:2 and 6:2 (head dim 64), with a sink, and dK and dV repeat bit for bit; and with two q
-// heads a unit (FLEXCP_SM90_BWD_UNIT_HEADS=2).
+// 8:4, 16:2 and 6:2 (head dim 64), with a sink, and dK and dV repeat bit for bit: in units of two
+// q heads (the default; 6:2's items in units of two heads and one, 8:4's in two units each) and
+// of one (FLEXCP_SM90_BWD_UNIT_HEADS=1).
 TEST(Sm90Backward, HeadUnitsMatchTheReferenceAndRepeatBitForBit) {
   SKIP_WITHOUT_GPU();
   std::mt19937_64 rng(95);
@@ -336,9 +338,9 @@ TEST(Sm90Backward, HeadUnitsMatchTheReferenceAndRepeatBitForBit) {
   const DeviceGrads a = run_on_device(turns, in, causal), b = run_on_device(turns, in, causal);
   EXPECT_EQ(a.dk.bytes, b.dk.bytes);
   EXPECT_EQ(a.dv.bytes, b.dv.bytes);
-  // Two q heads a unit: GQA 6:2's items in units of two heads and one; 8:4's whole, in sweeps.
-  const UnitHeadsFromEnv pairs("2");
-  check_case({"head-pairs-random", 700, 900, 6, 2, 64}, test::random_mask(rng, 700, 900), rng);
+  // One q head a unit: three units an item of 6:2, four of 8:4.
+  const UnitHeadsFromEnv singles("1");
+  check_case({"head-singles-random", 700, 900, 6, 2, 64}, test::random_mask(rng, 700, 900), rng);
   check_gradients(turns, causal, rng, /*deterministic=*/false);
 }
 
@@ -365,8 +367,7 @@ TEST(Sm90Backward, SplitItemsMatchTheReferenceAndRepeatBitForBit) {
   const test::KernelCase c{"split", 1024, 1024, 16, 2, 128, DType::kBFloat16, 0.0, /*sink=*/true};
   const Mask mask = masks::causal(c.tq, c.tk);
   const AttentionShape shape{c.tq, c.tk, c.hq, c.hk, c.d, c.dtype, Device::kCuda, 0};
-  const BwdUnits& units = AttentionPlan(mask, shape).impl().bwd_units;
-  ASSERT_GT(units.counters, 0) << "the plan split no item";
+  ASSERT_GT(AttentionPlan(mask, shape).impl().bwd_units.counters, 0) << "the plan split no item";
   const AttentionShape long_full{32768, 32768, 64, 8, 128, c.dtype, Device::kCuda, 0};
   EXPECT_EQ(AttentionPlan(masks::full(32768, 32768), long_full).impl().bwd_units.counters, 0);
 

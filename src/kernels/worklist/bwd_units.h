@@ -106,10 +106,12 @@ struct BwdUnitOptions {
   std::optional<std::int64_t> unit_heads;
 };
 
-// Head units' q heads each, unless the options ask for more: one. Fewer units mean less slot
-// traffic (each unit reads and stores its item's 128 KB slot) but side-by-side units that drift
-// apart by up to that many heads again (not yet measured: bench/bwd_l2_model.py).
-inline constexpr std::int64_t kHeadsPerUnit = 1;
+// Head units' q heads each, unless the options ask otherwise: two. Each unit reads and stores its
+// item's 128 KB slot, so fewer units mean less slot traffic, but side-by-side units then drift
+// apart by up to that many heads. Measured on the H200 (GQA 64:8, bench/results/
+// h200-backward-2026-12-04.md section 16): two heads against one +0.5% (causal 32K) to +3.5%
+// (causal documents 16K), nowhere slower; four against two -3% (causal) to +0.5%.
+inline constexpr std::int64_t kHeadsPerUnit = 2;
 
 // Blocks of one item's walk: group x the tile's blocks (an entry of n rows has ceil(n /
 // block_rows)).
