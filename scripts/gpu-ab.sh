@@ -6,6 +6,8 @@
 # mask: TFLOPS of A and B (median over rounds), A/B, and each side's SM clock (median over rounds
 # of the mean over a call's busy samples).
 #   scripts/gpu-ab.sh BASE_TREE OUT [lengths...]
+# A_TREE (optional) builds A from another tree as B is built (e.g. two branches carried as ignored
+# folders, each against main's, in one call), instead of this tree's build/gpu.
 # From the environment: HEADS, HEADS_KV, ROUNDS, SAMPLES (per call, 35 after 500 ms of warm-up:
 # the GPU meets its power limit first, as in training and in bench/gpu_bench.sh), MASKS (names of
 # bench/protocol_masks.sh; default "full causal varlen-causal swa1024"), A_LABEL (the device
@@ -25,19 +27,30 @@ mkdir -p "$out"
 heads=${HEADS:-64} heads_kv=${HEADS_KV:-8} rounds=${ROUNDS:-3} samples=${SAMPLES:-35}
 masks=${MASKS:-full causal varlen-causal swa1024}
 label=${A_LABEL:-$(git rev-parse --short HEAD 2>/dev/null)}
-a=build/gpu/tools/flexcp/flexcp
-b=$a
-if [[ $base != - ]]; then
-  # shellcheck disable=SC2086  # B_CMAKE_ARGS is a list of options
-  if ! cmake -S "$base" -B "$base/build-ab" -G Ninja -DCMAKE_BUILD_TYPE=Release \
+# tree cmake-args -> the path of its CLI, built in tree/build-ab (bf16, head dim 128 only).
+build_cli() {
+  # shellcheck disable=SC2086  # the options are a list
+  if ! cmake -S "$1" -B "$1/build-ab" -G Ninja -DCMAKE_BUILD_TYPE=Release \
     -DFLEXCP_BUILD_TESTS=OFF -DFLEXCP_BUILD_BENCH=OFF -DFLEXCP_SM90_DTYPES=bf16 \
     -DFLEXCP_SM90_HEAD_DIMS=128 -DFLEXCP_CUTLASS_INCLUDE="$PWD/.deps/cutlass/include" \
-    ${B_CMAKE_ARGS:-} > "$out/ab-build.log" 2>&1 ||
-    ! cmake --build "$base/build-ab" -j "$(nproc)" --target flexcp_cli >> "$out/ab-build.log" 2>&1; then
-    tail -30 "$out/ab-build.log"
-    exit 1
+    $2 >> "$out/ab-build.log" 2>&1 ||
+    ! cmake --build "$1/build-ab" -j "$(nproc)" --target flexcp_cli >> "$out/ab-build.log" 2>&1; then
+    tail -30 "$out/ab-build.log" >&2
+    return 1
   fi
-  b=$base/build-ab/tools/flexcp/flexcp
+  echo "$1/build-ab/tools/flexcp/flexcp"
+}
+: > "$out/ab-build.log"
+a=build/gpu/tools/flexcp/flexcp
+if [[ -n ${A_TREE:-} ]]; then  # A from another tree (e.g. one branch of several, carried)
+  a=$(build_cli "$A_TREE" "") || exit 1
+  label="${A_LABEL:-$A_TREE} (built from $A_TREE)"
+else
+  label="$label (this tree)"
+fi
+b=$a
+if [[ $base != - ]]; then
+  b=$(build_cli "$base" "${B_CMAKE_ARGS:-}") || exit 1
 fi
 specs=$(mktemp -d)
 bench/protocol_masks.sh "$a" "$specs" "${lengths[@]}"
@@ -79,7 +92,7 @@ median() {
     awk '{v[NR]=$1} END {print (NR % 2) ? v[(NR+1)/2] : (v[NR/2] + v[NR/2+1]) / 2}'
 }
 {
-  echo "A: $label (this tree) ${A_ENV:-}, B: $base ${B_ENV:-}; $dir, GQA $heads:$heads_kv, hd128, bf16, $rounds rounds"
+  echo "A: $label ${A_ENV:-}, B: $base ${B_ENV:-}; $dir, GQA $heads:$heads_kv, hd128, bf16, $rounds rounds"
   printf '%-22s %10s %10s %8s %7s %7s   %s\n' mask "A TFLOPS" "B TFLOPS" "A/B" "A MHz" "B MHz" \
     "rounds (A B)"
   for n in "${names[@]}"; do
