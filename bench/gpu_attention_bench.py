@@ -269,6 +269,7 @@ def main():
         rows.append(row)
     os.makedirs(a.out, exist_ok=True)
     meta = {"gpu": torch.cuda.get_device_name(), "torch": torch.__version__,
+            "sms": torch.cuda.get_device_properties(0).multi_processor_count,
             "heads": a.heads, "heads_kv": a.heads_kv, "head_dim": a.head_dim, "dtype": "bf16",
             "fa4": flash_attn_func is not None}
     tag = f"h{a.heads}-{a.heads_kv}-d{a.head_dim}"
@@ -320,6 +321,32 @@ def write_clocks(path, directions, meta, rows, peers):
         for r in sorted(rows, key=lambda r: (r["mask"].rsplit("-", 1)[0], r["seqlen"])):
             md.write("| %s | %d | %s |\n" % (r["mask"].rsplit("-", 1)[0], r["seqlen"],
                                               " | ".join(cell(r, who, d) for who, d in cols)))
+        write_per_cycle(md, cols, meta, rows)
+
+
+# Dense bf16/fp16 tensor-core flops per SM and cycle on sm_90 (989 TFLOPS at 1830 MHz, 132 SMs).
+TENSOR_FLOPS_PER_SM_CYCLE = 4096
+
+
+def write_per_cycle(md, cols, meta, rows):
+    """What each peer does per cycle and spends per flop: at the power limit, a kernel that needs
+    fewer cycles is clocked down, so TFLOPS alone hide which one does more per cycle (the share of
+    the tensor pipe's peak in its cycles) and which one uses less energy per flop (board watts
+    over TFLOPS, pJ per flop)."""
+    def cell(r, who, d):
+        c = r["clocks"].get(who, {}).get(d, {})
+        t = r["tflops"].get(who, {}).get(d)
+        if not c or not t or not c["mhz"]:
+            return "-"
+        share = t * 1e12 / (c["mhz"] * 1e6 * meta["sms"] * TENSOR_FLOPS_PER_SM_CYCLE)
+        return "%.3f / %.2f" % (share, c["watts"] / t)
+    md.write("\n## Share of the tensor pipe's peak per cycle / pJ per flop (board power over "
+             f"TFLOPS; {meta['sms']} SMs x {TENSOR_FLOPS_PER_SM_CYCLE} flops a cycle)\n\n")
+    md.write("| mask | T | " + " | ".join(f"{who} {d}" for who, d in cols) + " |\n")
+    md.write("|---" * (2 + len(cols)) + "|\n")
+    for r in sorted(rows, key=lambda r: (r["mask"].rsplit("-", 1)[0], r["seqlen"])):
+        md.write("| %s | %d | %s |\n" % (r["mask"].rsplit("-", 1)[0], r["seqlen"],
+                                          " | ".join(cell(r, who, d) for who, d in cols)))
 
 
 if __name__ == "__main__":
