@@ -16,8 +16,9 @@ const std::vector<EnvVar>& env_vars() {
        "The NCCL library the nccl communicator loads (a name the loader finds, or a path)"},
       {"FLEXCP_SM90_BWD_UNITS", "auto",
        "How the CUDA backward cuts its work into units, read when a plan is made: auto (the "
-       "plan's rule), items ((key tile, kv head) items, split where they are few) or heads (one q "
-       "head of an item each, partials summed in turn; to measure one against the other)"},
+       "plan's rule), items ((key tile, kv head) items, split where they are few) or heads "
+       "(FLEXCP_SM90_BWD_UNIT_HEADS q heads of an item each, partials summed in turn; to "
+       "measure one against the other)"},
       {"FLEXCP_SM90_BWD_UNIT_HEADS", "auto",
        "The q heads of one head unit of the CUDA backward, read when a plan is made: auto (the "
        "plan's, 2), 1, 2, 4 or 8 (at most the group; to measure one against the other)"},
