@@ -316,12 +316,17 @@ def write_clocks(path, directions, meta, rows, peers):
                  f"H={meta['heads']} HK={meta['heads_kv']} D={meta['head_dim']}; flexcp: its "
                  "process's busy samples, bwd and fwd+bwd from one run)\n\n")
         cols = [(who, d) for d in directions for who in peers]
-        md.write("| mask | T | " + " | ".join(f"{who} {d}" for who, d in cols) + " |\n")
-        md.write("|---" * (2 + len(cols)) + "|\n")
-        for r in sorted(rows, key=lambda r: (r["mask"].rsplit("-", 1)[0], r["seqlen"])):
-            md.write("| %s | %d | %s |\n" % (r["mask"].rsplit("-", 1)[0], r["seqlen"],
-                                              " | ".join(cell(r, who, d) for who, d in cols)))
+        write_cells(md, cols, rows, cell)
         write_per_cycle(md, cols, meta, rows)
+
+
+def write_cells(md, cols, rows, cell):
+    """A table of one cell(row, who, direction) per (who, direction) column, a row per case."""
+    md.write("| mask | T | " + " | ".join(f"{who} {d}" for who, d in cols) + " |\n")
+    md.write("|---" * (2 + len(cols)) + "|\n")
+    for r in sorted(rows, key=lambda r: (r["mask"].rsplit("-", 1)[0], r["seqlen"])):
+        md.write("| %s | %d | %s |\n" % (r["mask"].rsplit("-", 1)[0], r["seqlen"],
+                                          " | ".join(cell(r, who, d) for who, d in cols)))
 
 
 # Dense bf16/fp16 tensor-core flops per SM and cycle on sm_90 (989 TFLOPS at 1830 MHz, 132 SMs).
@@ -342,11 +347,7 @@ def write_per_cycle(md, cols, meta, rows):
         return "%.3f / %.2f" % (share, c["watts"] / t)
     md.write("\n## Share of the tensor pipe's peak per cycle / pJ per flop (board power over "
              f"TFLOPS; {meta['sms']} SMs x {TENSOR_FLOPS_PER_SM_CYCLE} flops a cycle)\n\n")
-    md.write("| mask | T | " + " | ".join(f"{who} {d}" for who, d in cols) + " |\n")
-    md.write("|---" * (2 + len(cols)) + "|\n")
-    for r in sorted(rows, key=lambda r: (r["mask"].rsplit("-", 1)[0], r["seqlen"])):
-        md.write("| %s | %d | %s |\n" % (r["mask"].rsplit("-", 1)[0], r["seqlen"],
-                                          " | ".join(cell(r, who, d) for who, d in cols)))
+    write_cells(md, cols, rows, cell)
 
 
 if __name__ == "__main__":
