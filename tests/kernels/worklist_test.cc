@@ -96,6 +96,67 @@ TEST(WorkList, FullTilesOfDocumentMasksNeedNoMasking) {
   EXPECT_EQ(masked_cells, list.num_tiles() * 64 * 64);  // one diagonal block per tile
 }
 
+// The backward's view of a causal mask (key tiles of 128, q blocks of 64): a tile's keys attend
+// q from their own row on, so every key of tile j attends q >= 128 j + 127. Its blocks start on
+// multiples of 64: the diagonal's two masked blocks [128 j, 128 j + 128), then whole unmasked
+// blocks to the end, no one-column block after them (the layout from the first attended column,
+// [128 j, 128 j + 127) then [128 j + 127, T - 1) then [T - 1, T), took one block more a tile and
+// started every unmasked block one column off).
+TEST(WorkList, CausalKeyTilesStartTheirBlocksOnBlockBoundaries) {
+  const std::int64_t t = 1024, tile = 128, block = 64;
+  const WorkList list = list_of(masks::causal(t, t), {WorkListOrder::kColumnMajor, tile, block});
+  for (std::int64_t j = 0; j < list.num_tiles(); ++j) {
+    std::int64_t blocks = 0;
+    for (std::int64_t e = list.tile_offsets[j]; e < list.tile_offsets[j + 1]; ++e) {
+      const WorkEntry& w = list.entries[e];
+      ASSERT_EQ(w.begin % block, 0) << "tile " << j << " entry " << e;
+      blocks += (w.end - w.begin + block - 1) / block;
+    }
+    EXPECT_EQ(blocks, (t - tile * j) / block) << "tile " << j;
+  }
+}
+
+// Where the first whole block of attended columns does not start on a multiple of the block, the
+// unmasked run starts at the next multiple only if that costs no block and no masked block (random
+// masks, tiles and blocks: never more of either than the layout from the first attended column).
+TEST(WorkList, AlignedRunsNeverCostBlocks) {
+  std::mt19937_64 rng(52);
+  for (int iter = 0; iter < 300; ++iter) {
+    const std::int64_t tq = std::uniform_int_distribution<std::int64_t>(1, 300)(rng);
+    const std::int64_t tk = std::uniform_int_distribution<std::int64_t>(1, 300)(rng);
+    const Mask mask = test::random_mask(rng, tq, tk);
+    const std::int64_t tile = std::uniform_int_distribution<std::int64_t>(1, 40)(rng);
+    const std::int64_t block = std::uniform_int_distribution<std::int64_t>(1, 20)(rng);
+    const WorkList list = list_of(mask, {WorkListOrder::kColumnMajor, tile, block});
+    const auto blocks = [block](std::int64_t b, std::int64_t e) {
+      return e > b ? (e - b + block - 1) / block : 0;
+    };
+    for (std::int64_t j = 0; j < list.num_tiles(); ++j) {
+      const std::int64_t row0 = j * tile, row1 = std::min(row0 + tile, list.num_rows);
+      // Blocks and masked blocks of the tile as listed, against the layout from the first
+      // attended column of each band (unmasked run [inner_begin, + whole blocks)).
+      std::int64_t listed = 0, listed_masked = 0, first = 0, first_masked = 0;
+      for (std::int64_t e = list.tile_offsets[j]; e < list.tile_offsets[j + 1]; ++e) {
+        const WorkEntry& w = list.entries[e];
+        listed += blocks(w.begin, w.end);
+        if (w.mask == EntryMask::kElements) listed_masked += blocks(w.begin, w.end);
+      }
+      for (const Band& b : list.bands) {
+        const TileSpan s = band_tile_span(b, row0, row1);
+        if (s.rows_begin >= s.rows_end || s.span_begin >= s.span_end) continue;
+        const std::int64_t run = (s.inner_end - s.inner_begin) / block * block;
+        const std::int64_t masked = run == 0 ? blocks(s.span_begin, s.span_end)
+                                             : blocks(s.span_begin, s.inner_begin) +
+                                                   blocks(s.inner_begin + run, s.span_end);
+        first += masked + run / block;
+        first_masked += masked;
+      }
+      ASSERT_LE(listed, first) << "tile " << j;
+      if (listed == first) ASSERT_LE(listed_masked, first_masked) << "tile " << j;
+    }
+  }
+}
+
 TEST(WorkList, RejectsNonPositiveSizes) {
   EXPECT_THROW(list_of(masks::causal(8, 8), {WorkListOrder::kRowMajor, 0, 64}), Error);
   EXPECT_THROW(list_of(masks::causal(8, 8), {WorkListOrder::kRowMajor, 64, 0}), Error);

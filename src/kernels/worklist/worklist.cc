@@ -3,29 +3,60 @@
 #include <algorithm>
 #include <numeric>
 #include <string>
+#include <utility>
 
 #include "flexcp/status.h"
 
 namespace flexcp {
 namespace {
 
+// Blocks of block_cols columns that cover [begin, end) from begin.
+std::int64_t blocks_of(std::int64_t begin, std::int64_t end, std::int64_t block_cols) {
+  return end > begin ? (end - begin + block_cols - 1) / block_cols : 0;
+}
+
+// The unmasked interval of a tile's span: whole blocks of columns every row attends, [begin, end).
+// Two choices: from the first such column (`inner_begin`), or from the first multiple of
+// block_cols at or after it. The second starts every block, unmasked and after, on a multiple of
+// block_cols where the first would start them one column off (a causal tile's diagonal ends one
+// column short of a block, then a one-column masked block trails the unmasked run); it is taken
+// unless it costs blocks or masked blocks. Aligned blocks also let the backward load their row
+// statistics as pairs (bwd_softmax.cuh).
+struct Unmasked {
+  std::int64_t begin, end;
+};
+Unmasked unmasked_interval(const TileSpan& s, std::int64_t block_cols) {
+  const auto at = [&](std::int64_t begin) {
+    const std::int64_t len =
+        std::max<std::int64_t>(0, s.inner_end - begin) / block_cols * block_cols;
+    return Unmasked{begin, begin + len};
+  };
+  // (blocks, masked blocks) of the span with `u` unmasked; an empty `u` leaves one masked entry.
+  const auto cost = [&](Unmasked u) {
+    const std::int64_t masked = u.begin == u.end ? blocks_of(s.span_begin, s.span_end, block_cols)
+                                                 : blocks_of(s.span_begin, u.begin, block_cols) +
+                                                       blocks_of(u.end, s.span_end, block_cols);
+    return std::pair{masked + (u.end - u.begin) / block_cols, masked};
+  };
+  const Unmasked first = at(s.inner_begin);
+  const Unmasked aligned = at((s.inner_begin + block_cols - 1) / block_cols * block_cols);
+  return cost(aligned) <= cost(first) ? aligned : first;
+}
+
 void append_tile_entries(const Band& band, std::int32_t band_idx, std::int64_t row0,
                          std::int64_t row1, std::int64_t block_cols, std::vector<WorkEntry>& out) {
   const TileSpan s = band_tile_span(band, row0, row1);
   if (s.rows_begin >= s.rows_end || s.span_begin >= s.span_end) return;
   const bool whole_tile = s.rows_begin == row0 && s.rows_end == row1;
-  const std::int64_t inner_len = (s.inner_end - s.inner_begin) / block_cols * block_cols;
-  if (inner_len == 0) {
+  const Unmasked u = unmasked_interval(s, block_cols);
+  if (u.begin == u.end) {
     out.push_back({s.span_begin, s.span_end, band_idx, EntryMask::kElements});
     return;
   }
-  const std::int64_t inner_end = s.inner_begin + inner_len;
-  if (s.span_begin < s.inner_begin)
-    out.push_back({s.span_begin, s.inner_begin, band_idx, EntryMask::kElements});
-  out.push_back(
-      {s.inner_begin, inner_end, band_idx, whole_tile ? EntryMask::kNone : EntryMask::kRows});
-  if (inner_end < s.span_end)
-    out.push_back({inner_end, s.span_end, band_idx, EntryMask::kElements});
+  if (s.span_begin < u.begin)
+    out.push_back({s.span_begin, u.begin, band_idx, EntryMask::kElements});
+  out.push_back({u.begin, u.end, band_idx, whole_tile ? EntryMask::kNone : EntryMask::kRows});
+  if (u.end < s.span_end) out.push_back({u.end, s.span_end, band_idx, EntryMask::kElements});
 }
 
 }  // namespace
