@@ -152,7 +152,9 @@ TEST(WorkList, AlignedRunsNeverCostBlocks) {
         first_masked += masked;
       }
       ASSERT_LE(listed, first) << "tile " << j;
-      if (listed == first) ASSERT_LE(listed_masked, first_masked) << "tile " << j;
+      if (listed == first) {
+        ASSERT_LE(listed_masked, first_masked) << "tile " << j;
+      }
     }
   }
 }
