@@ -87,14 +87,17 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
   typename PipelineKV::PipelineState kv_state;
   typename PipelineItem::PipelineState item_state;
 
+  using detail::BwdOutsidePhase;
   for (;;) {
     const int i = Cfg::Items::take(pipe_item, item_state, ss.items);
+    mainloop.clock.mark_outside(int(BwdOutsidePhase::kTakeItem));
     if (i >= p.items) break;
     clear(tdKrdK);
     clear(tdVrdV);
     if (const detail::BwdItem it = detail::decode_bwd_item(p, i); it.e_begin != it.e_end) {
       const int key0 = it.tile * Cfg::kBlockN;
       pipe_kv.consumer_wait(kv_state);
+      mainloop.clock.mark_outside(int(BwdOutsidePhase::kWaitKv));
       detail::walk_unit(p, it, [&](int hq, int c0, const WorkEntry& entry) {
         mainloop.block(p, ss, pipe_q, pipe_do, hq, c0, entry, key0, tdVrdV, tdKrdK);
       });
@@ -109,6 +112,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
                    ? detail::chain_split_partials<Cfg>(p, unit, tdKrdK, tdVrdV, ctid)
                    : detail::sum_split_partials<Cfg>(p, unit, tdKrdK, tdVrdV, ctid, ss.last_unit);
     if (writes) detail::write_dk_dv<Cfg>(p, unit, tdKrdK, tdVrdV, half);
+    mainloop.clock.mark_outside(int(BwdOutsidePhase::kWriteKv));
   }
   if constexpr (Cfg::kAccumulateDq) {
     // The writer's release of this group's last tile: every barrier arrival has its sync.

@@ -96,6 +96,16 @@ inline constexpr const char* kBwdPhaseNames[] = {"wait-q",   "wait-do",   "score
                                                  "grads",    "ds-shared", "dq-dk",  "dq-free",
                                                  "dq-stage", "dk-wait"};
 static_assert(sizeof(kBwdPhaseNames) / sizeof(kBwdPhaseNames[0]) == int(BwdPhase::kCount));
+// And of its item loop, between the blocks (PhaseClock::mark_outside).
+enum class BwdOutsidePhase : int {
+  kTakeItem,  // from the last mark to the next item taken from the producer's queue
+  kWaitKv,    // the item's K and V
+  kWriteKv,   // after the item's last block: its dK and dV partials summed or stored, written
+  kCount
+};
+inline constexpr const char* kBwdOutsidePhaseNames[] = {"out-take", "out-wait-kv", "out-write-kv"};
+static_assert(sizeof(kBwdOutsidePhaseNames) / sizeof(kBwdOutsidePhaseNames[0]) ==
+              int(BwdOutsidePhase::kCount));
 
 template <class Cfg>
 struct BwdBlockMma {

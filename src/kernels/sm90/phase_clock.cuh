@@ -6,7 +6,9 @@
 // samples say which instructions wait; this says how long a block's phases take, in order.
 // The same build records a timeline too: when each phase of kTimelineBlocks steady blocks ended
 // in CTA 0's two consumer groups, on the SM's one clock (`<kernel>-timeline` lines), which shows
-// how the groups' phases interleave, what sums cannot.
+// how the groups' phases interleave, what sums cannot. Between blocks, a kernel may mark up to
+// kOutsidePhases phases of its item loop (mark_outside: taking an item, waiting for its keys,
+// writing its gradients), summed the same way and printed after the block phases.
 #pragma once
 
 #include <cuda_runtime.h>
@@ -18,8 +20,9 @@ namespace flexcp::sm90::detail {
 enum class ClockedKernel : int { kForward, kBackward };
 
 #ifdef FLEXCP_SM90_PHASE_CLOCKS
-constexpr int kClockCtas = 2;     // the CTAs whose groups report
-constexpr int kClockFields = 16;  // blocks, total, outside, then the phases
+constexpr int kClockCtas = 2;      // the CTAs whose groups report
+constexpr int kClockFields = 16;   // blocks, total, outside, the phases, the outside phases
+constexpr int kOutsidePhases = 3;  // the last fields
 // Written by the groups at their end, read after the launch: a printf in the kernel would be a
 // call, across which ptxas serialises every wgmma (C7510).
 static __device__ unsigned g_phase_sums[2][kClockCtas][2][kClockFields];
@@ -35,8 +38,9 @@ static __device__ unsigned g_timeline[2][2][kTimelineBlocks][kClockFields];
 template <class Phase, ClockedKernel kKernel>
 struct PhaseClock {
 #ifdef FLEXCP_SM90_PHASE_CLOCKS
-  static_assert(3 + int(Phase::kCount) <= kClockFields);
+  static_assert(3 + int(Phase::kCount) + kOutsidePhases <= kClockFields);
   unsigned sum[int(Phase::kCount)] = {};
+  unsigned outside_sum[kOutsidePhases] = {};
   unsigned last = 0, begin = 0, blocks = 0;
   bool in_block = false;
   unsigned* timeline_row = nullptr;  // this block's row of the timeline, where it is recorded
@@ -73,6 +77,12 @@ struct PhaseClock {
     }
     last = t;
   }
+  // Between blocks: what passed since the last mark (of either kind) is outside phase i's.
+  __device__ void mark_outside(int i) {
+    const unsigned t = now();
+    outside_sum[i] += t - last;
+    last = t;
+  }
   __device__ void report(int group) const {
     if (blockIdx.x >= kClockCtas || threadIdx.x % 128 != 0) return;
     unsigned in_blocks = 0;
@@ -83,20 +93,24 @@ struct PhaseClock {
     out[1] = total;
     out[2] = total - in_blocks;
     for (int i = 0; i < int(Phase::kCount); ++i) out[3 + i] = sum[i];
+    for (int i = 0; i < kOutsidePhases; ++i)
+      out[kClockFields - kOutsidePhases + i] = outside_sum[i];
   }
 #else
   __device__ __forceinline__ void start() {}
   __device__ __forceinline__ void block() {}
   __device__ __forceinline__ void end_block() {}
   __device__ __forceinline__ void mark(Phase) {}
+  __device__ __forceinline__ void mark_outside(int) {}
   __device__ __forceinline__ void report(int) const {}
 #endif
 };
 
 #ifdef FLEXCP_SM90_PHASE_CLOCKS
-// After a launch (synchronises): one line per reporting group, `prefix` and the phases' names.
+// After a launch (synchronises): one line per reporting group, `prefix` and the phases' names,
+// then the outside phases' (`outside` of them, named in `outside_names`).
 inline void print_phases(ClockedKernel kernel, const char* prefix, const char* const* phase_names,
-                         int phases) {
+                         int phases, const char* const* outside_names = nullptr, int outside = 0) {
   unsigned v[kClockCtas][2][kClockFields];
   if (cudaDeviceSynchronize() != cudaSuccess ||
       cudaMemcpyFromSymbol(v, g_phase_sums, sizeof v, sizeof v * int(kernel)) != cudaSuccess)
@@ -106,6 +120,8 @@ inline void print_phases(ClockedKernel kernel, const char* prefix, const char* c
       std::printf("%s cta %d group %d blocks %u total %u outside-blocks %u", prefix, c, g,
                   v[c][g][0], v[c][g][1], v[c][g][2]);
       for (int f = 0; f < phases; ++f) std::printf(" %s %u", phase_names[f], v[c][g][3 + f]);
+      for (int f = 0; f < outside && f < kOutsidePhases; ++f)
+        std::printf(" %s %u", outside_names[f], v[c][g][kClockFields - kOutsidePhases + f]);
       std::printf("\n");
     }
   // The timeline, relative to group 0's first block start (the SM clock wraps; differences don't).
