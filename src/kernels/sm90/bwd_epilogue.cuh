@@ -49,6 +49,70 @@ __device__ __forceinline__ void store_dk_dv(const BwdParams& p, const BwdUnit& i
   }
 }
 
+// Transposes the 4 x 4 words a quad of lanes holds (lane q: row q) so that lane q holds column q:
+// two butterfly steps over the lane's bits, each swapping the off-diagonal 2 x 2 blocks.
+__device__ __forceinline__ void transpose_in_quad(std::uint32_t (&w)[4]) {
+  const int q = threadIdx.x % 4;
+  CUTLASS_PRAGMA_UNROLL
+  for (int bit = 2; bit >= 1; bit /= 2) {
+    const bool high = q & bit;
+    CUTLASS_PRAGMA_UNROLL
+    for (int k = 0; k < 4; ++k) {
+      if (k & bit) continue;
+      const std::uint32_t lo = w[k], hi = w[k | bit];  // selects: no indexing by lane
+      const std::uint32_t got = __shfl_xor_sync(0xffffffffu, high ? lo : hi, bit);
+      w[k] = high ? got : lo;
+      w[k | bit] = high ? hi : got;
+    }
+  }
+}
+
+// store_dk_dv in the 16-bit input dtype, in 16-byte pieces. A fragment's row holds one pair of
+// each 8-column piece per lane of a quad; a store of pairs touches 8 rows for 16 bytes each, and
+// a unit's 4096 such pieces took ~8000 cycles at its end (the phase clocks' out-write-kv,
+// bench/results/h200-backward-2026-12-04.md section 24). Transposed within the quad, lane q holds
+// whole pieces 4 m + q: a quarter of the stores, each 64 contiguous bytes of a row per quad.
+template <class Cfg, class Frag>
+__device__ __forceinline__ void store_dk_dv_pieces(const BwdParams& p, const BwdUnit& it,
+                                                   const Frag& dk_acc, const Frag& dv_acc,
+                                                   int half) {
+  using OutT = typename Cfg::Element;
+  using Pair = cutlass::Array<OutT, 2>;
+  static_assert(Cfg::kHeadDim % 32 == 0, "whole groups of four 8-column pieces");
+  const int row_in_group = fragment_coords().row;
+  const int q = threadIdx.x % 4;
+  auto pack = [](float a, float b) {
+    Pair pair;
+    pair[0] = OutT(a), pair[1] = OutT(b);
+    return reinterpret_cast<const std::uint32_t&>(pair);
+  };
+  CUTLASS_PRAGMA_UNROLL
+  for (int h = 0; h < 2; ++h) {
+    const int key = it.tile * Cfg::kBlockN + 64 * half + row_in_group + 8 * h;
+    const bool in = key < p.seqlen_k;  // the shuffles run in every lane; only the stores wait
+    OutT* dk = static_cast<OutT*>(p.dk) + std::int64_t(key) * p.dk_stride_t +
+               std::int64_t(it.kv_head) * p.dk_stride_h;
+    OutT* dv = static_cast<OutT*>(p.dv) + std::int64_t(key) * p.dv_stride_t +
+               std::int64_t(it.kv_head) * p.dv_stride_h;
+    CUTLASS_PRAGMA_UNROLL
+    for (int m = 0; m < Cfg::kHeadDim / 32; ++m) {
+      std::uint32_t k4[4], v4[4];
+      CUTLASS_PRAGMA_UNROLL
+      for (int r = 0; r < 4; ++r) {  // piece j = 4 m + r, this lane's pair of it
+        const int e = 2 * h + 4 * (4 * m + r);
+        k4[r] = pack(dk_acc(e) * p.scale, dk_acc(e + 1) * p.scale);
+        v4[r] = pack(dv_acc(e), dv_acc(e + 1));
+      }
+      transpose_in_quad(k4);
+      transpose_in_quad(v4);
+      if (!in) continue;
+      const int col = 8 * (4 * m + q);
+      *reinterpret_cast<uint4*>(dk + col) = make_uint4(k4[0], k4[1], k4[2], k4[3]);
+      *reinterpret_cast<uint4*>(dv + col) = make_uint4(v4[0], v4[1], v4[2], v4[3]);
+    }
+  }
+}
+
 // dK and dV of the unit in the output's dtype (a uniform branch, once per unit).
 template <class Cfg, class Frag>
 __device__ __forceinline__ void write_dk_dv(const BwdParams& p, const BwdUnit& it,
@@ -58,7 +122,7 @@ __device__ __forceinline__ void write_dk_dv(const BwdParams& p, const BwdUnit& i
   else if (p.dkv_fp32)
     store_dk_dv<Cfg, float, false>(p, it, dk_acc, dv_acc, half);
   else
-    store_dk_dv<Cfg, typename Cfg::Element, false>(p, it, dk_acc, dv_acc, half);
+    store_dk_dv_pieces<Cfg>(p, it, dk_acc, dv_acc, half);
 }
 
 // A unit of a split item stores its dK and dV partials (unscaled) in its slot and counts itself
