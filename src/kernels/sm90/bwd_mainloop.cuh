@@ -227,6 +227,13 @@ struct BwdBlockMma {
     pipe_q.consumer_wait(q_state);
     clock.mark(BwdPhase::kWaitQ);
     issue_ss(mma_sdp, tSrK, tSrQ(_, _, _, qs), tSrS);
+    // This thread's columns of the statistics (the copies started up to 3 rows early), read
+    // while the products run: a wgmma wait orders memory for the compiler, so a load placed after
+    // one waits its latency on the group's chain.
+    const bool pairs_aligned = c0 % 2 == 0;
+    float lse2[kBlockM / 4], delta[kBlockM / 4];
+    load_stats<kBlockM>(ss.lse2.data() + q_state.index() * kBwdStatsLoad + (c0 & 3) + col_base,
+                        pairs_aligned, lse2);
     pipe_do.consumer_wait(do_state);
     clock.mark(BwdPhase::kWaitDo);
     issue_ss(mma_sdp, tSrV, tSrdO(_, _, _, dos), tSrdP);
@@ -234,18 +241,13 @@ struct BwdBlockMma {
     warpgroup_fence_operand(tSrS);
     clock.mark(BwdPhase::kScores);
 
-    // This thread's columns of the statistics (the copies started up to 3 rows early).
-    const bool pairs_aligned = c0 % 2 == 0;
-    float lse2[kBlockM / 4], delta[kBlockM / 4];
-    load_stats<kBlockM>(ss.lse2.data() + q_state.index() * kBwdStatsLoad + (c0 & 3) + col_base,
-                        pairs_aligned, lse2);
     probabilities_t<kBlockM, kBlockN>(p, tSrS, entry, c0, key0, key0 + 64 * half + row_in_group,
                                       col_base, lse2);
+    load_stats<kBlockM>(ss.delta.data() + do_state.index() * kBwdStatsLoad + (c0 & 3) + col_base,
+                        pairs_aligned, delta);
     clock.mark(BwdPhase::kProbs);
     warpgroup_wait<0>();
     warpgroup_fence_operand(tSrdP);
-    load_stats<kBlockM>(ss.delta.data() + do_state.index() * kBwdStatsLoad + (c0 & 3) + col_base,
-                        pairs_aligned, delta);
     logit_gradients_t<kBlockM>(p, tSrS, tSrdP, lse2, delta);
     convert(tSrS, tKVrP);
     convert(tSrdP, tKVrdS);
