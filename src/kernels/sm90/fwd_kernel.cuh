@@ -144,6 +144,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
       warpgroup_fence_operand(ml.tSrS);
       ml.release_k();
       ml.release_v();
+      ml.clock.mark_outside(int(detail::FwdOutsidePhase::kLastTurn));
       // The next item's first softmax before this item's epilogue: S is then free, which leaves
       // the registers for the epilogue.
       const detail::Rows done = ml.rows;
@@ -152,7 +153,9 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
       last = ml.take_block();
       ml.softmax();
       ml.convert_p();
+      ml.clock.mark_outside(int(detail::FwdOutsidePhase::kFirstSoftmax));
       ml.epilogue(done);
+      ml.clock.mark_outside(int(detail::FwdOutsidePhase::kEpilogue));
       clear(ml.tOrO);
     }
   }

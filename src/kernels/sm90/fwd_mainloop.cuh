@@ -102,6 +102,19 @@ enum class FwdPhase : int {
 inline constexpr const char* kFwdPhaseNames[] = {"loads",   "turn", "wait-s", "max",
                                                  "wait-pv", "exp",  "convert"};
 static_assert(sizeof(kFwdPhaseNames) / sizeof(kFwdPhaseNames[0]) == int(FwdPhase::kCount));
+// And of its item loop, from one item's last block to the next's second (PhaseClock::mark_outside).
+enum class FwdOutsidePhase : int {
+  kLastTurn,  // take the next item; wait for its Q and K; the turn with this item's last P V and
+              // the next item's first S; wait for both
+  kFirstSoftmax,  // the next item's first block: cursor, mask, softmax (no product runs under it
+                  // from this group), P converted
+  kEpilogue,      // the finished item's O and lse normalised, staged and stored
+  kCount
+};
+inline constexpr const char* kFwdOutsidePhaseNames[] = {"out-last-turn", "out-first-softmax",
+                                                        "out-epilogue"};
+static_assert(sizeof(kFwdOutsidePhaseNames) / sizeof(kFwdOutsidePhaseNames[0]) ==
+              int(FwdOutsidePhase::kCount));
 
 // A consumer warp group's part of the forward: its 64 rows of the tile, the block cursor over the
 // item's entries, the products it issues in its turns on the tensor cores, its softmax and its

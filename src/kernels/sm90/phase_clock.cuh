@@ -7,8 +7,9 @@
 // The same build records a timeline too: when each phase of kTimelineBlocks steady blocks ended
 // in CTA 0's two consumer groups, on the SM's one clock (`<kernel>-timeline` lines), which shows
 // how the groups' phases interleave, what sums cannot. Between blocks, a kernel may mark up to
-// kOutsidePhases phases of its item loop (mark_outside: taking an item, waiting for its keys,
-// writing its gradients), summed the same way and printed after the block phases.
+// kOutsidePhases phases of its item loop (mark_outside: the backward's taking an item, waiting for
+// its keys, writing its gradients; the forward's passage from one item to the next), summed the
+// same way and printed after the block phases.
 #pragma once
 
 #include <cuda_runtime.h>
