@@ -1,0 +1,40 @@
+#!/usr/bin/env bash
+# On a GPU host, in one call: an experiment kept as a patch (bench/results/*.patch: work that has
+# not run on a GPU lives on main as a patch, since branches do not outlast a session) checked and
+# measured against the tree it applies to.
+#   scripts/gpu-patch.sh PATCH OUT [lengths...]          (lengths default 32768 8192)
+# 1. copies this tree (the patch not applied) to .ab-patch-base, the A/B's B;
+# 2. applies the patch here and runs scripts/gpu-check.sh OUT/check without the Python suite
+#    (build, the whole ctest, compute-sanitizer memcheck and racecheck, ptxas's C75xx count);
+# 3. scripts/gpu-ab.sh .ab-patch-base OUT/ab: A = the patched tree; BACKWARD=1 by default
+#    (BACKWARD= compares the forward), ROUNDS=2, MASKS passes through;
+# 4. with PHASES="case..." (e.g. "full-32k swa1024-32k"), scripts/gpu-phases.sh OUT/phases on
+#    the patched tree.
+# About 7 device minutes with the defaults (check ~4, A/B ~2.5). The device copies the working
+# tree anew on every call, so the patch is applied in the call that measures it.
+set -uo pipefail
+cd "$(dirname "$0")/.." || exit 1
+patch=${1:?patch file}
+out=${2:?output folder}
+shift 2
+lengths=("${@:-32768 8192}")
+read -r -a lengths <<< "${lengths[*]}"
+mkdir -p "$out"
+base=.ab-patch-base
+rm -rf "$base" && mkdir -p "$base"
+tar --exclude=./build --exclude=./.deps --exclude='./.ab-*' --exclude=./.git --exclude=./.fa4 \
+  -cf - . | tar -xf - -C "$base"
+git apply "$patch" || { echo "gpu-patch: $patch does not apply to this tree"; exit 2; }
+echo "gpu-patch: $patch applied; B is the tree without it ($base)"
+rc=0
+PYTEST=0 scripts/gpu-check.sh "$out/check" > "$out/check.log" 2>&1 || rc=1
+tail -25 "$out/check/summary.txt"
+grep -E "Failed|\*\*\*Failed|FAILED" "$out/check/ctest.log" | head -10
+BACKWARD=${BACKWARD-1} ROUNDS=${ROUNDS:-2} A_LABEL="this tree + $(basename "$patch")" \
+  scripts/gpu-ab.sh "$base" "$out/ab" "${lengths[@]}" || rc=1
+if [[ -n ${PHASES:-} ]]; then
+  # shellcheck disable=SC2086  # PHASES is a list of cases
+  scripts/gpu-phases.sh "$out/phases" $PHASES > "$out/phases.log" 2>&1 || rc=1
+  grep -A3 -E "phases: cycles per block" "$out/phases.log" | head -40
+fi
+exit $rc
