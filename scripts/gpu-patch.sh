@@ -17,8 +17,7 @@ cd "$(dirname "$0")/.." || exit 1
 patch=${1:?patch file}
 out=${2:?output folder}
 shift 2
-lengths=("${@:-32768 8192}")
-read -r -a lengths <<< "${lengths[*]}"
+(($#)) || set -- 32768 8192  # the lengths
 mkdir -p "$out"
 base=.ab-patch-base
 rm -rf "$base" && mkdir -p "$base"
@@ -31,7 +30,7 @@ PYTEST=0 scripts/gpu-check.sh "$out/check" > "$out/check.log" 2>&1 || rc=1
 tail -25 "$out/check/summary.txt"
 grep -E "Failed|\*\*\*Failed|FAILED" "$out/check/ctest.log" | head -10
 BACKWARD=${BACKWARD-1} ROUNDS=${ROUNDS:-2} A_LABEL="this tree + $(basename "$patch")" \
-  scripts/gpu-ab.sh "$base" "$out/ab" "${lengths[@]}" || rc=1
+  scripts/gpu-ab.sh "$base" "$out/ab" "$@" || rc=1
 if [[ -n ${PHASES:-} ]]; then
   # shellcheck disable=SC2086  # PHASES is a list of cases
   scripts/gpu-phases.sh "$out/phases" $PHASES > "$out/phases.log" 2>&1 || rc=1
