@@ -39,7 +39,10 @@ done >> "$summary"
 t0=$SECONDS
 rc=0
 if [[ ${CTEST:-1} != 0 ]]; then
-  ctest --test-dir build/gpu -j 8 --output-on-failure > "$out/ctest.log" 2>&1
+  # CTEST_TIMEOUT: the default limit of a test in seconds (ctest --timeout), e.g. for a kernel
+  # change that might hang.
+  ctest --test-dir build/gpu -j 8 --output-on-failure ${CTEST_TIMEOUT:+--timeout "$CTEST_TIMEOUT"} \
+    > "$out/ctest.log" 2>&1
   rc=$?
   echo "ctest: rc $rc, $((SECONDS - t0)) s; $(grep -E 'tests passed|tests failed' "$out/ctest.log")" >> "$summary"
 else

@@ -4,13 +4,14 @@
 # measured against the tree it applies to.
 #   scripts/gpu-patch.sh PATCH OUT [lengths...]          (lengths default 32768 8192)
 # 1. copies this tree (the patch not applied) to .ab-patch-base, the A/B's B;
-# 2. applies the patch here and runs scripts/gpu-check.sh OUT/check without the Python suite
-#    (build, the whole ctest, compute-sanitizer memcheck and racecheck, ptxas's C75xx count);
+# 2. applies the patch here and runs scripts/gpu-check.sh without the Python suite: OUT/check
+#    (build, ptxas's C75xx count, the whole ctest), then, if that passed, OUT/sanitize
+#    (compute-sanitizer memcheck and racecheck);
 # 3. scripts/gpu-ab.sh .ab-patch-base OUT/ab: A = the patched tree; BACKWARD=1 by default
 #    (BACKWARD= compares the forward), ROUNDS=2, MASKS passes through;
 # 4. with PHASES="case..." (e.g. "full-32k swa1024-32k"), scripts/gpu-phases.sh OUT/phases on
 #    the patched tree.
-# About 7 device minutes with the defaults (check ~4, A/B ~2.5). The device copies the working
+# About 8 device minutes with the defaults (check ~4, A/B ~2.5). The device copies the working
 # tree anew on every call, so the patch is applied in the call that measures it.
 set -uo pipefail
 cd "$(dirname "$0")/.." || exit 1
@@ -25,10 +26,18 @@ tar --exclude=./build --exclude=./.deps --exclude='./.ab-*' --exclude=./.git --e
   -cf - . | tar -xf - -C "$base"
 git apply "$patch" || { echo "gpu-patch: $patch does not apply to this tree"; exit 2; }
 echo "gpu-patch: $patch applied; B is the tree without it ($base)"
+# The tests first, each cut at 120 s (the longest GPU test takes ~90 s): a patch that hangs the
+# kernel then fails here instead of spending the call, and the rest is skipped.
+if ! CTEST_TIMEOUT=120 SANITIZE=0 PYTEST=0 scripts/gpu-check.sh "$out/check" \
+  > "$out/check.log" 2>&1; then
+  tail -25 "$out/check/summary.txt"
+  grep -E "Failed|\*\*\*Failed|FAILED|Timeout" "$out/check/ctest.log" | head -10
+  echo "gpu-patch: the patched tree fails its checks; no sanitizers, no A/B"
+  exit 1
+fi
 rc=0
-PYTEST=0 scripts/gpu-check.sh "$out/check" > "$out/check.log" 2>&1 || rc=1
-tail -25 "$out/check/summary.txt"
-grep -E "Failed|\*\*\*Failed|FAILED" "$out/check/ctest.log" | head -10
+CTEST=0 PYTEST=0 scripts/gpu-check.sh "$out/sanitize" > "$out/sanitize.log" 2>&1 || rc=1
+grep -E "^ctest|^compute-sanitizer|^ptxas" "$out/check/summary.txt" "$out/sanitize/summary.txt"
 BACKWARD=${BACKWARD-1} ROUNDS=${ROUNDS:-2} A_LABEL="this tree + $(basename "$patch")" \
   scripts/gpu-ab.sh "$base" "$out/ab" "$@" || rc=1
 if [[ -n ${PHASES:-} ]]; then
