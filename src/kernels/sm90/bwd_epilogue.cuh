@@ -16,11 +16,13 @@
 namespace flexcp::sm90::detail {
 
 // dK (times the scale) and dV of the unit's keys, from this thread's accumulator fragments (its
-// warp group owns keys [64 half, 64 half + 64) of the tile), as OutT, or with Add (fp32) added to
-// what dk and dv hold; rows past the keys are not written.
-template <class Cfg, class OutT, bool Add, class Frag>
-__device__ __forceinline__ void store_dk_dv(const BwdParams& p, const BwdUnit& it,
-                                            const Frag& dk_acc, const Frag& dv_acc, int half) {
+// warp group owns keys [64 half, 64 half + 64) of the tile), in fp32 (partial sums for the
+// distributed runtime), stored or with Add added to what dk and dv hold, in pairs; rows past the
+// keys are not written. The input dtype goes through store_dk_dv_pieces below.
+template <class Cfg, bool Add, class Frag>
+__device__ __forceinline__ void store_dk_dv_f32(const BwdParams& p, const BwdUnit& it,
+                                                const Frag& dk_acc, const Frag& dv_acc, int half) {
+  using OutT = float;
   using Pair = cutlass::Array<OutT, 2>;
   const auto [row_in_group, col_base] = fragment_coords();
   CUTLASS_PRAGMA_UNROLL
@@ -67,7 +69,7 @@ __device__ __forceinline__ void transpose_in_quad(std::uint32_t (&w)[4]) {
   }
 }
 
-// store_dk_dv in the 16-bit input dtype, in 16-byte pieces. A fragment's row holds one pair of
+// dK and dV in the 16-bit input dtype, in 16-byte pieces. A fragment's row holds one pair of
 // each 8-column piece per lane of a quad; a store of pairs touches 8 rows for 16 bytes each, and
 // a unit's 4096 such pieces took ~8000 cycles at its end (the phase clocks' out-write-kv,
 // bench/results/h200-backward-2026-12-04.md section 24). Transposed within the quad, lane q holds
@@ -118,9 +120,9 @@ template <class Cfg, class Frag>
 __device__ __forceinline__ void write_dk_dv(const BwdParams& p, const BwdUnit& it,
                                             const Frag& dk_acc, const Frag& dv_acc, int half) {
   if (p.dkv_add)
-    store_dk_dv<Cfg, float, true>(p, it, dk_acc, dv_acc, half);
+    store_dk_dv_f32<Cfg, true>(p, it, dk_acc, dv_acc, half);
   else if (p.dkv_fp32)
-    store_dk_dv<Cfg, float, false>(p, it, dk_acc, dv_acc, half);
+    store_dk_dv_f32<Cfg, false>(p, it, dk_acc, dv_acc, half);
   else
     store_dk_dv_pieces<Cfg>(p, it, dk_acc, dv_acc, half);
 }
