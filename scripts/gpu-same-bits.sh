@@ -1,0 +1,50 @@
+#!/usr/bin/env bash
+# On a GPU host: do two builds of flexcp give the same bits? For a change meant not to alter any
+# result (an instruction order, where a reduction's chain starts), both CLIs run the same saved
+# inputs through `flexcp attn --device cuda` on a few masks (causal, documents, a window, full with
+# softcap and a sink), and their outputs are compared byte for byte. With BACKWARD=1 the backward
+# runs too, in its deterministic mode (the fast mode's dQ sums in arrival order).
+#   scripts/gpu-same-bits.sh A_CLI B_CLI OUT          (DEVICE=cpu tries the script here)
+# Prints one line per case and exits non-zero if any output differs.
+set -euo pipefail
+a=${1:?A CLI} b=${2:?B CLI} out=${3:?output folder}
+mkdir -p "$out"
+tokens=3001 heads=16 heads_kv=2 dim=128  # an awkward length; GQA 8:1
+# Random float32 inputs as .npy, without numpy (the CLI rounds them to bf16).
+python3 - "$out" "$tokens" "$heads" "$heads_kv" "$dim" <<'EOF'
+import array, random, struct, sys
+out, t, hq, hk, d = sys.argv[1], *map(int, sys.argv[2:])
+rng = random.Random(20261204)
+def save(name, shape):
+    values = array.array("f", (rng.gauss(0.0, 1.0) for _ in range(eval("*".join(map(str, shape))))))
+    header = "{'descr': '<f4', 'fortran_order': False, 'shape': (%s), }" % "".join(f"{s}, " for s in shape)
+    header += " " * (63 - (10 + len(header)) % 64) + "\n"
+    with open(f"{out}/{name}.npy", "wb") as f:
+        f.write(b"\x93NUMPY\x01\x00" + struct.pack("<H", len(header)) + header.encode() + values.tobytes())
+save("q", (t, hq, d)); save("k", (t, hk, d)); save("v", (t, hk, d)); save("dout", (t, hq, d))
+save("sink", (hq,))
+EOF
+cases=("causal" "varlen-causal" "sliding-window --window 700" "full --softcap 30 --sink $out/sink.npy")
+rc=0
+for c in "${cases[@]}"; do
+  name=${c%% *}
+  for side in a b; do
+    cli=$a
+    [[ $side == b ]] && cli=$b
+    grads=()
+    [[ -n ${BACKWARD:-} ]] && grads=(--dout "$out/dout.npy" --dq "$out/$side-dq.npy" --dk
+      "$out/$side-dk.npy" --dv "$out/$side-dv.npy" --deterministic)
+    # shellcheck disable=SC2086  # the case's options are a list
+    "$cli" attn --device "${DEVICE:-cuda}" --dtype bf16 --mask $c --seqlen "$tokens" --q "$out/q.npy" \
+      --k "$out/k.npy" --v "$out/v.npy" --out "$out/$side-out.npy" --lse "$out/$side-lse.npy" \
+      "${grads[@]}" > "$out/$side-$name.log" 2>&1 || { echo "$name: $side failed"; tail -3 "$out/$side-$name.log"; rc=1; }
+  done
+  same=()
+  for t in out lse dq dk dv; do
+    [[ -f $out/a-$t.npy ]] || continue
+    if cmp -s "$out/a-$t.npy" "$out/b-$t.npy"; then same+=("$t=same"); else same+=("$t=DIFFERENT"); rc=1; fi
+  done
+  echo "same-bits $name: ${same[*]}"
+  rm -f "$out"/[ab]-*.npy
+done
+exit $rc
