@@ -75,17 +75,21 @@ __device__ __forceinline__ void softmax_max(const FwdParams& p, Frag& s, const F
     }
   }
   // Row maxima as four independent chains per row: with two consumer warps per scheduler,
-  // dependent chains (not throughput) bound this loop.
+  // dependent chains (not throughput) bound this loop. Each chain starts from its first pair, not
+  // from -inf: fmaxf(-inf, x) is not folded (it differs from x for a NaN x), and the eight it
+  // would cost a block sit on the softmax's path. The maximum is the same: fmaxf drops NaNs
+  // either way.
   constexpr int kChains = 4;
+  static_assert(kBlockN / 8 >= kChains);
   float mx[2];
   CUTLASS_PRAGMA_UNROLL
   for (int h = 0; h < 2; ++h) {
     float part[kChains];
     CUTLASS_PRAGMA_UNROLL
-    for (int c = 0; c < kChains; ++c) part[c] = -INFINITY;
-    CUTLASS_PRAGMA_UNROLL
-    for (int j = 0; j < kBlockN / 8; ++j)
-      part[j % kChains] = fmaxf(part[j % kChains], fmaxf(s(2 * h + 4 * j), s(1 + 2 * h + 4 * j)));
+    for (int j = 0; j < kBlockN / 8; ++j) {
+      const float pair = fmaxf(s(2 * h + 4 * j), s(1 + 2 * h + 4 * j));
+      part[j % kChains] = j < kChains ? pair : fmaxf(part[j % kChains], pair);
+    }
     mx[h] = fmaxf(fmaxf(part[0], part[1]), fmaxf(part[2], part[3]));
   }
   CUTLASS_PRAGMA_UNROLL
@@ -104,15 +108,17 @@ __device__ __forceinline__ void softmax_max(const FwdParams& p, Frag& s, const F
 template <int kBlockN, class Frag>
 __device__ __forceinline__ void softmax_exp(const FwdParams& p, Frag& s, Rows& rows, int h,
                                             const float (&correction)[2], const float (&m_use)[2]) {
-  // Four independent chains, as the maxima's.
+  // Four independent chains, as the maxima's, each started from its first term rather than from
+  // zero (0 + x is not folded: it differs from x for x = -0). The sums are the same bit for bit.
   constexpr int kChains = 4;
-  float part[kChains] = {0.f, 0.f, 0.f, 0.f};
+  static_assert(kBlockN / 8 >= kChains);
+  float part[kChains];
   CUTLASS_PRAGMA_UNROLL
   for (int j = 0; j < kBlockN / 8; ++j) CUTLASS_PRAGMA_UNROLL
   for (int c = 0; c < 2; ++c) {
     float& x = s(c + 2 * h + 4 * j);
     x = exp2_approx(fmaf(x, p.scale_log2, -m_use[h]));
-    part[j % kChains] += x;
+    part[j % kChains] = j < kChains && c == 0 ? x : part[j % kChains] + x;
   }
   rows.sum[h] = rows.sum[h] * correction[h] + ((part[0] + part[1]) + (part[2] + part[3]));
 }
