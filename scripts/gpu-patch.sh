@@ -11,6 +11,10 @@
 #    (BACKWARD= compares the forward), ROUNDS=2, MASKS passes through;
 # 4. with PHASES="case..." (e.g. "full-32k swa1024-32k"), scripts/gpu-phases.sh OUT/phases on
 #    the patched tree.
+# With SAME_BITS=1, for a patch meant to leave every result as it was: instead of steps 2-4, both
+# trees' CLIs are built (bf16, head dim 128), scripts/gpu-same-bits.sh compares their outputs
+# byte for byte (forward and deterministic backward), and the A/B runs in both directions
+# (OUT/ab-fwd, OUT/ab-bwd); about 6 device minutes at one length.
 # About 8 device minutes with the defaults (check ~4, A/B ~2.5). The device copies the working
 # tree anew on every call, so the patch is applied in the call that measures it.
 set -uo pipefail
@@ -26,6 +30,25 @@ tar --exclude=./build --exclude=./.deps --exclude='./.ab-*' --exclude=./.git --e
   -cf - . | tar -xf - -C "$base"
 git apply "$patch" || { echo "gpu-patch: $patch does not apply to this tree"; exit 2; }
 echo "gpu-patch: $patch applied; B is the tree without it ($base)"
+if [[ -n ${SAME_BITS:-} ]]; then
+  if ! A_TREE=. BUILD_ONLY=1 scripts/gpu-ab.sh "$base" "$out/build" > "$out/build.log" 2>&1; then
+    tail -20 "$out/build.log"
+    exit 1
+  fi
+  if ! BACKWARD=1 scripts/gpu-same-bits.sh build-ab/tools/flexcp/flexcp \
+    "$base/build-ab/tools/flexcp/flexcp" "$out/bits"; then
+    echo "gpu-patch: the patched tree's results differ; no A/B"
+    exit 1
+  fi
+  rc=0
+  for dir in fwd bwd; do
+    backward=
+    [[ $dir == bwd ]] && backward=1
+    A_TREE=. BACKWARD=$backward ROUNDS=${ROUNDS:-2} A_LABEL="this tree + $(basename "$patch")" \
+      scripts/gpu-ab.sh "$base" "$out/ab-$dir" "$@" || rc=1
+  done
+  exit $rc
+fi
 # The tests first, each cut at 120 s (the longest GPU test takes ~90 s): a patch that hangs the
 # kernel then fails here instead of spending the call, and the rest is skipped.
 if ! CTEST_TIMEOUT=120 SANITIZE=0 PYTEST=0 scripts/gpu-check.sh "$out/check" \
