@@ -12,11 +12,11 @@ mkdir -p "$out"
 tokens=3001 heads=16 heads_kv=2 dim=128  # an awkward length; GQA 8:1
 # Random float32 inputs as .npy, without numpy (the CLI rounds them to bf16).
 python3 - "$out" "$tokens" "$heads" "$heads_kv" "$dim" <<'EOF'
-import array, random, struct, sys
+import array, math, random, struct, sys
 out, t, hq, hk, d = sys.argv[1], *map(int, sys.argv[2:])
 rng = random.Random(20261204)
 def save(name, shape):
-    values = array.array("f", (rng.gauss(0.0, 1.0) for _ in range(eval("*".join(map(str, shape))))))
+    values = array.array("f", (rng.gauss(0.0, 1.0) for _ in range(math.prod(shape))))
     header = "{'descr': '<f4', 'fortran_order': False, 'shape': (%s), }" % "".join(f"{s}, " for s in shape)
     header += " " * (63 - (10 + len(header)) % 64) + "\n"
     with open(f"{out}/{name}.npy", "wb") as f:
