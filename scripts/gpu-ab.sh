@@ -14,7 +14,8 @@
 # copy's .git may be older than its tree: say which commit A is),
 # BUILD_ONLY=1 (build both CLIs, print their paths, time nothing), B_CMAKE_ARGS (B's build
 # options: with BASE_TREE `.`, this tree against itself built another way, e.g.
-# B_CMAKE_ARGS=-DFLEXCP_SM90_HEAD_DIMS=64), A_ENV and B_ENV (variables each side runs with; with BASE_TREE `-`, B is A's own binary, e.g. A_ENV=FLEXCP_SM90_BWD_WALK=from-last
+# B_CMAKE_ARGS=-DFLEXCP_SM90_HEAD_DIMS=64), A_ENV and B_ENV (variables each side runs with;
+# with BASE_TREE `-`, B is A's own binary, e.g. A_ENV=FLEXCP_SM90_BWD_WALK=from-last
 # B_ENV=FLEXCP_SM90_BWD_WALK=heads-outer: one binary, so no difference between builds).
 set -euo pipefail
 cd "$(dirname "$0")/.."
