@@ -17,14 +17,17 @@ out, t, hq, hk, d = sys.argv[1], *map(int, sys.argv[2:])
 rng = random.Random(20261204)
 def save(name, shape):
     values = array.array("f", (rng.gauss(0.0, 1.0) for _ in range(math.prod(shape))))
-    header = "{'descr': '<f4', 'fortran_order': False, 'shape': (%s), }" % "".join(f"{s}, " for s in shape)
+    dims = "".join(f"{s}, " for s in shape)
+    header = "{'descr': '<f4', 'fortran_order': False, 'shape': (%s), }" % dims
     header += " " * (63 - (10 + len(header)) % 64) + "\n"
     with open(f"{out}/{name}.npy", "wb") as f:
-        f.write(b"\x93NUMPY\x01\x00" + struct.pack("<H", len(header)) + header.encode() + values.tobytes())
+        f.write(b"\x93NUMPY\x01\x00" + struct.pack("<H", len(header)) + header.encode())
+        f.write(values.tobytes())
 save("q", (t, hq, d)); save("k", (t, hk, d)); save("v", (t, hk, d)); save("dout", (t, hq, d))
 save("sink", (hq,))
 EOF
-cases=("causal" "varlen-causal" "sliding-window --window 700" "full --softcap 30 --sink $out/sink.npy")
+cases=("causal" "varlen-causal" "sliding-window --window 700"
+  "full --softcap 30 --sink $out/sink.npy")
 rc=0
 for c in "${cases[@]}"; do
   name=${c%% *}
@@ -35,14 +38,23 @@ for c in "${cases[@]}"; do
     [[ -n ${BACKWARD:-} ]] && grads=(--dout "$out/dout.npy" --dq "$out/$side-dq.npy" --dk
       "$out/$side-dk.npy" --dv "$out/$side-dv.npy" --deterministic)
     # shellcheck disable=SC2086  # the case's options are a list
-    "$cli" attn --device "${DEVICE:-cuda}" --dtype bf16 --mask $c --seqlen "$tokens" --q "$out/q.npy" \
-      --k "$out/k.npy" --v "$out/v.npy" --out "$out/$side-out.npy" --lse "$out/$side-lse.npy" \
-      "${grads[@]}" > "$out/$side-$name.log" 2>&1 || { echo "$name: $side failed"; tail -3 "$out/$side-$name.log"; rc=1; }
+    if ! "$cli" attn --device "${DEVICE:-cuda}" --dtype bf16 --mask $c --seqlen "$tokens" \
+      --q "$out/q.npy" --k "$out/k.npy" --v "$out/v.npy" --out "$out/$side-out.npy" \
+      --lse "$out/$side-lse.npy" "${grads[@]}" > "$out/$side-$name.log" 2>&1; then
+      echo "$name: $side failed"
+      tail -3 "$out/$side-$name.log"
+      rc=1
+    fi
   done
   same=()
   for t in out lse dq dk dv; do
     [[ -f $out/a-$t.npy ]] || continue
-    if cmp -s "$out/a-$t.npy" "$out/b-$t.npy"; then same+=("$t=same"); else same+=("$t=DIFFERENT"); rc=1; fi
+    if cmp -s "$out/a-$t.npy" "$out/b-$t.npy"; then
+      same+=("$t=same")
+    else
+      same+=("$t=DIFFERENT")
+      rc=1
+    fi
   done
   echo "same-bits $name: ${same[*]}"
   rm -f "$out"/[ab]-*.npy
