@@ -26,8 +26,10 @@ shift 2
 mkdir -p "$out"
 base=.ab-patch-base
 rm -rf "$base" && mkdir -p "$base"
-tar --exclude=./build --exclude=./.deps --exclude='./.ab-*' --exclude=./.git --exclude=./.fa4 \
-  -cf - . | tar -xf - -C "$base"
+# build outputs stay behind (a warm host keeps build-ab from an earlier call, and CMake refuses a
+# cache copied from another folder)
+tar --exclude=./build --exclude=./build-ab --exclude=./.deps --exclude='./.ab-*' --exclude=./.git \
+  --exclude=./.fa4 -cf - . | tar -xf - -C "$base"
 git apply "$patch" || { echo "gpu-patch: $patch does not apply to this tree"; exit 2; }
 echo "gpu-patch: $patch applied; B is the tree without it ($base)"
 if [[ -n ${SAME_BITS:-} ]]; then
