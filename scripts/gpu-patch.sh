@@ -8,7 +8,8 @@
 #    (build, ptxas's C75xx count, the whole ctest), then, if that passed, OUT/sanitize
 #    (compute-sanitizer memcheck and racecheck);
 # 3. scripts/gpu-ab.sh .ab-patch-base OUT/ab: A = the patched tree; BACKWARD=1 by default
-#    (BACKWARD= compares the forward), ROUNDS=2, MASKS passes through;
+#    (BACKWARD= compares the forward; BACKWARD=both runs one A/B a direction, OUT/ab-fwd and
+#    OUT/ab-bwd), ROUNDS=2, MASKS passes through;
 # 4. with PHASES="case..." (e.g. "full-32k swa1024-32k"), scripts/gpu-phases.sh OUT/phases on
 #    the patched tree.
 # With SAME_BITS=1, for a patch meant to leave every result as it was: instead of steps 2-4, both
@@ -25,6 +26,18 @@ shift 2
 (($#)) || set -- 32768 8192  # the lengths
 mkdir -p "$out"
 base=.ab-patch-base
+# The A/B once a direction: OUT/ab-fwd, OUT/ab-bwd (A_TREE passes through: the SAME_BITS path
+# has built A in ./build-ab already).
+ab_both() {
+  local dir backward status=0
+  for dir in fwd bwd; do
+    backward=
+    [[ $dir == bwd ]] && backward=1
+    BACKWARD=$backward ROUNDS=${ROUNDS:-2} A_LABEL="this tree + $(basename "$patch")" \
+      scripts/gpu-ab.sh "$base" "$out/ab-$dir" "$@" || status=1
+  done
+  return $status
+}
 rm -rf "$base" && mkdir -p "$base"
 # build outputs stay behind (a warm host keeps build-ab from an earlier call, and CMake refuses a
 # cache copied from another folder)
@@ -42,14 +55,8 @@ if [[ -n ${SAME_BITS:-} ]]; then
     echo "gpu-patch: the patched tree's results differ; no A/B"
     exit 1
   fi
-  rc=0
-  for dir in fwd bwd; do
-    backward=
-    [[ $dir == bwd ]] && backward=1
-    A_TREE=. BACKWARD=$backward ROUNDS=${ROUNDS:-2} A_LABEL="this tree + $(basename "$patch")" \
-      scripts/gpu-ab.sh "$base" "$out/ab-$dir" "$@" || rc=1
-  done
-  exit $rc
+  A_TREE=. ab_both "$@"
+  exit $?
 fi
 # The tests first, each cut at 120 s (the longest GPU test takes ~90 s): a patch that hangs the
 # kernel then fails here instead of spending the call, and the rest is skipped.
@@ -63,8 +70,12 @@ fi
 rc=0
 CTEST=0 PYTEST=0 scripts/gpu-check.sh "$out/sanitize" > "$out/sanitize.log" 2>&1 || rc=1
 grep -E "^ctest|^compute-sanitizer|^ptxas" "$out/check/summary.txt" "$out/sanitize/summary.txt"
-BACKWARD=${BACKWARD-1} ROUNDS=${ROUNDS:-2} A_LABEL="this tree + $(basename "$patch")" \
-  scripts/gpu-ab.sh "$base" "$out/ab" "$@" || rc=1
+if [[ ${BACKWARD-1} == both ]]; then
+  ab_both "$@" || rc=1
+else
+  BACKWARD=${BACKWARD-1} ROUNDS=${ROUNDS:-2} A_LABEL="this tree + $(basename "$patch")" \
+    scripts/gpu-ab.sh "$base" "$out/ab" "$@" || rc=1
+fi
 if [[ -n ${PHASES:-} ]]; then
   # shellcheck disable=SC2086  # PHASES is a list of cases
   scripts/gpu-phases.sh "$out/phases" $PHASES > "$out/phases.log" 2>&1 || rc=1
