@@ -7,9 +7,13 @@ from typing import Optional, Tuple
 import torch
 
 from . import _flexcp
+from ._args import real_number, scale_option
 from ._mask import Mask
 
 _LOW_PRECISION = (torch.bfloat16, torch.float16)
+_DTYPES = (torch.float32,) + _LOW_PRECISION
+# Where torch.autocast exists; on others (meta: shapes only) it is not asked.
+_AUTOCAST_DEVICES = ("cpu", "cuda")
 
 
 def _stream(t: torch.Tensor) -> int:
@@ -93,7 +97,8 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: Mask,
     """Exact attention over `mask` (docs/masks.md).
 
     q [Tq, Hq, D], k and v [Tk, Hk, D] (Hq a multiple of Hk), one dtype of float32, bfloat16 or
-    float16, on the CPU or one CUDA device (float32 on the CPU only).
+    float16, on the CPU or one CUDA device (float32 on the CPU only); on the meta device (or
+    under torch.compile's fake tensors) the outputs' shapes and dtypes, nothing computed.
     Returns out [Tq, Hq, D] (q's dtype) and lse [Tq, Hq] (float32, natural log; -inf and out = 0
     for a row that attends nothing). Differentiable in q, k, v and sink (float32 [Hq]); lse is
     not. `scale` defaults to 1/sqrt(D); `softcap` > 0 caps logits at softcap * tanh(s / softcap).
@@ -106,20 +111,29 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: Mask,
     """
     if not isinstance(mask, Mask):
         raise ValueError(f"flexcp.attention: mask must be a flexcp.Mask, got {type(mask).__name__}")
-    for name, t in (("q", q), ("k", k), ("v", v)):
+    for name, t in (("q", q), ("k", k), ("v", v), ("sink", sink)):
+        if t is None and name == "sink":
+            continue
         if not isinstance(t, torch.Tensor):
-            raise ValueError(f"flexcp.attention: {name} must be a torch.Tensor, "
+            expected = "a torch.Tensor or None" if name == "sink" else "a torch.Tensor"
+            raise ValueError(f"flexcp.attention: {name} must be {expected}, "
                              f"got {type(t).__name__}")
-    if sink is not None and not isinstance(sink, torch.Tensor):
-        raise ValueError(f"flexcp.attention: sink must be a torch.Tensor or None, "
-                         f"got {type(sink).__name__}")
-    device_type = q.device.type
-    if q.dtype == torch.float32 and torch.is_autocast_enabled(device_type):
-        low = torch.get_autocast_dtype(device_type)
-        if low in _LOW_PRECISION:
-            q, k, v = q.to(low), k.to(low), v.to(low)
+        if t.layout != torch.strided:
+            raise ValueError(f"flexcp.attention: {name} has layout {t.layout}, expected "
+                             f"torch.strided (a dense tensor)")
+        if name != "sink" and t.dtype not in _DTYPES:
+            raise ValueError(f"flexcp.attention: {name} has dtype {t.dtype}, expected "
+                             f"torch.float32, torch.bfloat16 or torch.float16")
+    scale = scale_option("flexcp.attention", scale)
+    softcap = real_number("flexcp.attention", "softcap", softcap)
     if not isinstance(deterministic, bool):
         raise ValueError(f"flexcp.attention: deterministic must be a bool, "
                          f"got {type(deterministic).__name__}")
-    return _forward(q, k, v, mask._slices, mask.seqlen_q, mask.seqlen_k,
-                    0.0 if scale is None else float(scale), float(softcap), sink, deterministic)
+    device_type = q.device.type
+    if (q.dtype == torch.float32 and device_type in _AUTOCAST_DEVICES
+            and torch.is_autocast_enabled(device_type)):
+        low = torch.get_autocast_dtype(device_type)
+        if low in _LOW_PRECISION:
+            q, k, v = q.to(low), k.to(low), v.to(low)
+    return _forward(q, k, v, mask._slices, mask.seqlen_q, mask.seqlen_k, scale, softcap, sink,
+                    deterministic)

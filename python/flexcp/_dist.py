@@ -11,6 +11,7 @@ import torch
 import torch.distributed as dist
 
 from . import _flexcp
+from ._args import real_number, scale_option
 from ._mask import Mask
 
 _DTYPES = {torch.float32: "fp32", torch.bfloat16: "bf16", torch.float16: "fp16"}
@@ -213,8 +214,9 @@ class DistAttention:
         for name, t in (("q", q), ("k", k), ("v", v)):
             if not isinstance(t, torch.Tensor):
                 raise ValueError(f"flexcp.DistAttention: {name} must be a torch.Tensor")
-        return _DistForward.apply(self, q, k, v, 0.0 if scale is None else float(scale),
-                                  float(softcap), sink)
+        fn = "flexcp.DistAttention"
+        return _DistForward.apply(self, q, k, v, scale_option(fn, scale),
+                                  real_number(fn, "softcap", softcap), sink)
 
     def last_stats(self):
         """What the last call on this rank moved and how long it took, as a dict: bytes

@@ -1,5 +1,6 @@
 """torch.compile(fullgraph=True) traces a module that calls flexcp.attention, forward and backward,
 with no graph break, and gives the eager results."""
+import pytest
 import torch
 
 import flexcp
@@ -52,3 +53,18 @@ def test_the_ops_pass_torch_library_checks():
     sink = torch.randn(4, requires_grad=True)
     args = (q, k, v, mask._slices, mask.seqlen_q, mask.seqlen_k, 0.0, 0.0, sink, False)
     torch.library.opcheck(torch.ops.flexcp.attention_forward.default, args)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_meta_tensors_give_the_outputs_shapes_forward_and_backward(dtype):
+    # A model built on the meta device (shape inference, flop counting before weights exist):
+    # outputs and gradients come back as meta tensors of the real call's shapes and dtypes.
+    mask = flexcp.masks.varlen_causal([5, 7])
+    make = lambda h: torch.empty(12, h, 32, device="meta", dtype=dtype, requires_grad=True)
+    q, k, v = make(6), make(3), make(3)
+    out, lse = flexcp.attention(q, k, v, mask)
+    assert (out.device.type, out.shape, out.dtype) == ("meta", (12, 6, 32), dtype)
+    assert (lse.device.type, lse.shape, lse.dtype) == ("meta", (12, 6), torch.float32)
+    out.sum().backward()
+    for t in (q, k, v):
+        assert (t.grad.device.type, t.grad.shape, t.grad.dtype) == ("meta", t.shape, dtype)

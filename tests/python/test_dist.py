@@ -170,6 +170,12 @@ def worker(rank, world, init_file):
         with pytest.raises(ValueError, match="k has dtype bf16, expected fp32"):
             attn(torch.zeros(lq, HQ, D), torch.zeros(lk, HK, D).bfloat16(),
                  torch.zeros(lk, HK, D))
+        qkv = torch.zeros(lq, HQ, D), torch.zeros(lk, HK, D), torch.zeros(lk, HK, D)
+        with pytest.raises(ValueError, match="flexcp.DistAttention: scale is 0, expected a "
+                                             "nonzero number"):
+            attn(*qkv, scale=0.0)
+        with pytest.raises(ValueError, match="softcap must be a real number, got str"):
+            attn(*qkv, softcap="1")
         # A host group that is not the group's ranks is named before anything is planned.
         if world > 1:
             lone = dist.new_group([0], backend="gloo")  # collective: every rank makes it

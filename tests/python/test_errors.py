@@ -27,12 +27,37 @@ def test_shapes_dtypes_and_masks_are_named():
         flexcp.attention(q, k, v, m, sink=torch.zeros(3))
     with pytest.raises(ValueError, match="softcap is -1.000000, expected a finite number >= 0"):
         flexcp.attention(q, k, v, m, softcap=-1.0)
-    with pytest.raises(ValueError, match="q has dtype code 0 with 64 bits"):
+    with pytest.raises(ValueError, match="q has dtype torch.int64, expected torch.float32, "
+                                         "torch.bfloat16 or torch.float16"):
         flexcp.attention(q.long(), k.long(), v.long(), m)
+    with pytest.raises(ValueError, match="v has dtype torch.complex64"):
+        flexcp.attention(q, k, v.to(torch.complex64), m)
+    with pytest.raises(ValueError, match="k has layout torch.sparse_coo, expected torch.strided"):
+        flexcp.attention(q, k.to_sparse(), v, m)
     with pytest.raises(ValueError, match="mask must be a flexcp.Mask"):
         flexcp.attention(q, k, v, "causal")
     with pytest.raises(ValueError, match="k must be a torch.Tensor"):
         flexcp.attention(q, k.numpy(), v, m)
+
+
+def test_options_that_are_not_real_numbers_are_named():
+    q, k, v, m = make()
+    with pytest.raises(ValueError, match="flexcp.attention: scale must be a real number, got str"):
+        flexcp.attention(q, k, v, m, scale="0.1")
+    with pytest.raises(ValueError, match="softcap must be a real number, got NoneType"):
+        flexcp.attention(q, k, v, m, softcap=None)
+    with pytest.raises(ValueError, match="scale must be a real number, got bool"):
+        flexcp.attention(q, k, v, m, scale=True)
+
+
+def test_a_zero_scale_is_refused_not_replaced():
+    # The C++ options read scale 0 as 1/sqrt(D); a 0 given in Python must not become that.
+    q, k, v, m = make()
+    with pytest.raises(ValueError, match="scale is 0, expected a nonzero number "
+                                         "\\(None for 1/sqrt\\(D\\)\\)"):
+        flexcp.attention(q, k, v, m, scale=0.0)
+    with pytest.raises(ValueError, match="scale is 0"):
+        flexcp.attention(q, k, v, m, scale=-0.0)
 
 
 def test_inputs_are_left_alone():
