@@ -1,5 +1,7 @@
 // Builders for the masks users actually train with (DESIGN §2). Document lengths describe a
 // packed batch: documents are laid end to end, and attention never crosses a document boundary.
+// Lengths are >= 0 and their total at most kMaxSeqlen; a builder given others throws
+// Error(kInvalidArgument) naming the argument, the entry and the limit.
 #pragma once
 
 #include <cstdint>

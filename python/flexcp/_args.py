@@ -1,6 +1,8 @@
-"""The scalar options both fronts take (flexcp.attention, a DistAttention call) as the C++ side
-reads them, refused with the function, the argument and what was expected when they are not."""
+"""Python values as the C++ side reads them (the attention options, mask lengths and slice
+bounds), refused with the function, the argument and what was expected when they are not: never
+rounded, truncated or replaced."""
 import numbers
+import operator
 
 
 def real_number(fn: str, name: str, x) -> float:
@@ -19,3 +21,22 @@ def scale_option(fn: str, scale) -> float:
     if value == 0.0:
         raise ValueError(f"{fn}: scale is 0, expected a nonzero number (None for 1/sqrt(D))")
     return value
+
+
+def integer(fn: str, name: str, x) -> int:
+    """An int (or a NumPy or torch integer, or a float with no fraction, as a float tensor's
+    tolist() gives); 4.5 is an error, not 4."""
+    if isinstance(x, float) and x.is_integer():
+        return int(x)
+    try:
+        return operator.index(x)
+    except TypeError:
+        raise ValueError(f"{fn}: {name} is {x!r}, expected an integer") from None
+
+
+def integers(fn: str, name: str, values) -> list:
+    """A sequence of integers (a list, a tuple, a 1-D integer or integral tensor) as ints."""
+    items = values.tolist() if hasattr(values, "tolist") else values
+    if isinstance(items, (str, bytes)) or not hasattr(items, "__iter__"):
+        raise ValueError(f"{fn}: {name} must be a sequence of integers, got {values!r}")
+    return [integer(fn, f"{name}[{i}]", v) for i, v in enumerate(items)]

@@ -5,6 +5,7 @@ import os
 import torch
 
 from . import _flexcp
+from ._args import integer
 
 _TYPES = ("full", "causal", "inv_causal", "bi_causal")
 
@@ -15,18 +16,25 @@ class Mask:
     bounds, or two slices covering the same (q, k) pair, raise ValueError naming them."""
 
     def __init__(self, slices, seqlen_q, seqlen_k=None):
-        seqlen_k = seqlen_q if seqlen_k is None else seqlen_k
+        fn = "flexcp.Mask"
+        seqlen_q = integer(fn, "seqlen_q", seqlen_q)
+        seqlen_k = seqlen_q if seqlen_k is None else integer(fn, "seqlen_k", seqlen_k)
+        if isinstance(slices, (str, bytes)) or not hasattr(slices, "__iter__"):
+            raise ValueError(f"{fn}: slices must be a sequence of (q_begin, q_end, k_begin, "
+                             f"k_end, type), got {type(slices).__name__}")
         rows = []
         for i, s in enumerate(slices):
-            if len(s) != 5:
-                raise ValueError(f"flexcp.Mask: slice {i} is {s!r}, expected "
+            if isinstance(s, (str, bytes)) or not hasattr(s, "__len__") or len(s) != 5:
+                raise ValueError(f"{fn}: slice {i} is {s!r}, expected "
                                  "(q_begin, q_end, k_begin, k_end, type)")
-            q0, q1, k0, k1, kind = s
+            *bounds, kind = s
             if kind not in _TYPES:
-                raise ValueError(f"flexcp.Mask: slice {i} has type {kind!r}, expected one of "
+                raise ValueError(f"{fn}: slice {i} has type {kind!r}, expected one of "
                                  f"{', '.join(_TYPES)}")
-            rows.append((int(q0), int(q1), int(k0), int(k1), kind))
-        self._hold(_flexcp.Mask(rows, int(seqlen_q), int(seqlen_k)))
+            names = ("q_begin", "q_end", "k_begin", "k_end")
+            rows.append(tuple(integer(fn, f"slice {i}'s {n}", b) for n, b in zip(names, bounds))
+                        + (kind,))
+        self._hold(_flexcp.Mask(rows, seqlen_q, seqlen_k))
 
     def _hold(self, cpp_mask):
         # What flexcp.attention reads is kept in plain Python attributes, so that torch.compile

@@ -1,6 +1,7 @@
 """Builders of the masks people train with (docs/masks.md), the C++ helpers under their names.
 Document lengths are any sequence of ints (a list, a tuple, a 1-D integer tensor)."""
 from . import _flexcp
+from ._args import integers
 from ._mask import Mask
 
 __all__ = ["full", "causal", "batch", "varlen", "varlen_full", "varlen_causal",
@@ -9,12 +10,7 @@ __all__ = ["full", "causal", "batch", "varlen", "varlen_full", "varlen_causal",
 
 
 def _ints(name, values):
-    try:
-        out = [int(v) for v in (values.tolist() if hasattr(values, "tolist") else values)]
-    except (TypeError, ValueError):
-        raise ValueError(f"flexcp.masks: {name} must be a sequence of integers, "
-                         f"got {values!r}") from None
-    return out
+    return integers("flexcp.masks", name, values)
 
 
 def full(seqlen_q, seqlen_k=None):

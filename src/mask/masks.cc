@@ -20,10 +20,20 @@ void check_lengths(const Lengths& lens, const char* fn, const char* what) {
            std::to_string(lens[i]) + ", expected >= 0");
 }
 
-std::int64_t total_of(const Lengths& lens) {
-  std::int64_t total = 0;
-  for (std::int64_t n : lens) total += n;
-  return total;
+// Lengths laid end to end after `start` tokens: each >= 0 and their total within kMaxSeqlen (no
+// mask holds more; past it the builders' offsets would overflow, and the error would name a
+// wrapped length instead of the one that went too far).
+void check_documents(const Lengths& lens, const char* fn, const char* what,
+                     std::int64_t start = 0) {
+  check_lengths(lens, fn, what);
+  std::int64_t total = start;
+  for (std::size_t i = 0; i < lens.size(); ++i) {
+    if (lens[i] > kMaxSeqlen - total)
+      fail(std::string("flexcp::masks::") + fn + ": " + what + "[" + std::to_string(i) + "] is " +
+           std::to_string(lens[i]) + " after " + std::to_string(total) +
+           " tokens, past the most a mask holds (" + std::to_string(kMaxSeqlen) + ", kMaxSeqlen)");
+    total += lens[i];
+  }
 }
 
 void add(std::vector<Slice>& out, std::int64_t qb, std::int64_t qe, std::int64_t kb,
@@ -50,11 +60,16 @@ Mask batch(std::int64_t num_seqs, std::int64_t seqlen, MaskType type) {
     fail("flexcp::masks::batch: num_seqs is " + std::to_string(num_seqs) + ", expected >= 0");
   if (seqlen < 0)
     fail("flexcp::masks::batch: seqlen is " + std::to_string(seqlen) + ", expected >= 0");
+  // Before the lengths are allocated: num_seqs comes from a user, and the total is bounded anyway.
+  if (num_seqs > kMaxSeqlen || (seqlen > 0 && num_seqs > kMaxSeqlen / seqlen))
+    fail("flexcp::masks::batch: " + std::to_string(num_seqs) + " sequences of " +
+         std::to_string(seqlen) + " tokens, past the most a mask holds (" +
+         std::to_string(kMaxSeqlen) + " tokens and sequences, kMaxSeqlen)");
   return varlen(Lengths(static_cast<std::size_t>(num_seqs), seqlen), type);
 }
 
 Mask varlen(const Lengths& doc_lens, MaskType type) {
-  check_lengths(doc_lens, "varlen", "doc_lens");
+  check_documents(doc_lens, "varlen", "doc_lens");
   std::vector<Slice> s;
   std::int64_t offset = 0;
   for (std::int64_t n : doc_lens) {
@@ -91,7 +106,7 @@ Mask from_cu_seqlens(const Lengths& cu_q, const Lengths& cu_k, MaskType type) {
 }
 
 Mask sliding_window(const Lengths& doc_lens, std::int64_t window, WindowKind kind) {
-  check_lengths(doc_lens, "sliding_window", "doc_lens");
+  check_documents(doc_lens, "sliding_window", "doc_lens");
   if (window < 1)
     fail("flexcp::masks::sliding_window: window is " + std::to_string(window) + ", expected >= 1");
   std::vector<Slice> s;
@@ -120,7 +135,7 @@ Mask sliding_window(const Lengths& doc_lens, std::int64_t window, WindowKind kin
 }
 
 Mask block_causal(const Lengths& doc_lens, std::int64_t block) {
-  check_lengths(doc_lens, "block_causal", "doc_lens");
+  check_documents(doc_lens, "block_causal", "doc_lens");
   if (block < 1)
     fail("flexcp::masks::block_causal: block is " + std::to_string(block) + ", expected >= 1");
   std::vector<Slice> s;
@@ -136,7 +151,7 @@ Mask block_causal(const Lengths& doc_lens, std::int64_t block) {
 }
 
 Mask prefix_lm(const Lengths& doc_lens, const Lengths& prefix_lens) {
-  check_lengths(doc_lens, "prefix_lm", "doc_lens");
+  check_documents(doc_lens, "prefix_lm", "doc_lens");
   check_lengths(prefix_lens, "prefix_lm", "prefix_lens");
   if (doc_lens.size() != prefix_lens.size())
     fail("flexcp::masks::prefix_lm: " + std::to_string(doc_lens.size()) + " documents but " +
@@ -157,10 +172,10 @@ Mask prefix_lm(const Lengths& doc_lens, const Lengths& prefix_lens) {
 }
 
 Mask shared_question(std::int64_t question_len, const Lengths& answer_lens) {
-  if (question_len < 0)
+  if (question_len < 0 || question_len > kMaxSeqlen)
     fail("flexcp::masks::shared_question: question_len is " + std::to_string(question_len) +
-         ", expected >= 0");
-  check_lengths(answer_lens, "shared_question", "answer_lens");
+         ", expected 0 to " + std::to_string(kMaxSeqlen) + " (kMaxSeqlen)");
+  check_documents(answer_lens, "shared_question", "answer_lens", question_len);
   std::vector<Slice> s;
   add(s, 0, question_len, 0, question_len, MaskType::kCausal);
   std::int64_t o = question_len;
@@ -202,7 +217,12 @@ Lengths pack_lengths(const Lengths& lengths, std::int64_t total, std::int64_t ma
   check_lengths(lengths, "pack_lengths", "lengths");
   if (max_len < 1)
     fail("flexcp::masks::pack_lengths: max_len is " + std::to_string(max_len) + ", expected >= 1");
-  if (total_of(lengths) == 0) fail("flexcp::masks::pack_lengths: every length is 0");
+  // The pool may sum past kMaxSeqlen (a corpus's lengths); what is packed may not.
+  if (total < 0 || total > kMaxSeqlen)
+    fail("flexcp::masks::pack_lengths: total is " + std::to_string(total) + ", expected 0 to " +
+         std::to_string(kMaxSeqlen) + " (kMaxSeqlen)");
+  if (std::none_of(lengths.begin(), lengths.end(), [](std::int64_t n) { return n > 0; }))
+    fail("flexcp::masks::pack_lengths: every length is 0");
   Lengths out;
   std::int64_t filled = 0;
   for (std::size_t i = 0; filled < total; i = (i + 1) % lengths.size()) {

@@ -105,12 +105,53 @@ TEST(Masks, BadArgumentsAreNamed) {
               masks::varlen_causal({3, -1});
             }),
             "flexcp::masks::varlen: doc_lens[1] is -1, expected >= 0");
+  // Totals past kMaxSeqlen are named at the length that goes past, before any offset overflows
+  // (2^62 twice wrapped int64 and was reported as a negative seqlen).
+  constexpr std::int64_t kHuge = std::int64_t{1} << 62;
+  EXPECT_EQ(message([] {
+              masks::varlen_causal({5, kHuge, kHuge});
+            }),
+            "flexcp::masks::varlen: doc_lens[1] is 4611686018427387904 after 5 tokens, past the "
+            "most a mask holds (2147483648, kMaxSeqlen)");
+  EXPECT_EQ(message([] {
+              masks::varlen_full({kMaxSeqlen, 1});
+            }),
+            "flexcp::masks::varlen: doc_lens[1] is 1 after 2147483648 tokens, past the most a mask "
+            "holds (2147483648, kMaxSeqlen)");
+  EXPECT_EQ(message([] { masks::varlen_full({kMaxSeqlen - 1, 1}); }), "");  // exactly the most
+  EXPECT_EQ(message([] { masks::shared_question(kMaxSeqlen, {1}); }),
+            "flexcp::masks::shared_question: answer_lens[0] is 1 after 2147483648 tokens, past "
+            "the most a mask holds (2147483648, kMaxSeqlen)");
+  EXPECT_EQ(message([] { masks::block_causal({kHuge}, 64); }),
+            "flexcp::masks::block_causal: doc_lens[0] is 4611686018427387904 after 0 tokens, past "
+            "the most a mask holds (2147483648, kMaxSeqlen)");
+  // Refused before a list of num_seqs lengths is allocated.
+  EXPECT_EQ(message([] { masks::batch(kHuge, 0, MaskType::kFull); }),
+            "flexcp::masks::batch: 4611686018427387904 sequences of 0 tokens, past the most a "
+            "mask holds (2147483648 tokens and sequences, kMaxSeqlen)");
+  EXPECT_EQ(message([] { masks::batch(3, kMaxSeqlen / 2, MaskType::kCausal); }),
+            "flexcp::masks::batch: 3 sequences of 1073741824 tokens, past the most a mask holds "
+            "(2147483648 tokens and sequences, kMaxSeqlen)");
   EXPECT_EQ(message([] { masks::prefix_lm({3}, {4}); }),
             "flexcp::masks::prefix_lm: prefix_lens[0] is 4, longer than its document (3)");
   EXPECT_EQ(message([] {
               masks::from_cu_seqlens({0, 4, 2}, {0, 1, 2}, MaskType::kFull);
             }),
             "flexcp::masks::from_cu_seqlens: cu_seqlens_q[2] is 2, below the previous entry 4");
+}
+
+TEST(Masks, PackLengthsRefusesATotalNoMaskHolds) {
+  // The pool may sum past kMaxSeqlen; the packed total may not (it looped 2^62 times before).
+  const masks::Lengths pool = {kMaxSeqlen, kMaxSeqlen, 7};
+  EXPECT_EQ(masks::pack_lengths(pool, 20, 8), (masks::Lengths{8, 8, 4}));
+  try {
+    masks::pack_lengths({1}, std::int64_t{1} << 62, 1);
+    ADD_FAILURE() << "no error";
+  } catch (const Error& e) {
+    EXPECT_EQ(std::string(e.what()),
+              "flexcp::masks::pack_lengths: total is 4611686018427387904, expected 0 to "
+              "2147483648 (kMaxSeqlen)");
+  }
 }
 
 TEST(Masks, PackLengthsCapsAndFillsExactly) {

@@ -39,6 +39,33 @@ def test_validation_names_the_slices():
         flexcp.Mask([(0, 4, 0, 4)], 4)
 
 
+def test_lengths_and_bounds_are_integers_never_truncated():
+    # A float with no fraction (a float tensor's tolist()) is its integer; 4.5 is an error.
+    assert flexcp.masks.varlen_causal(torch.tensor([4.0, 2.0])).seqlen_q == 6
+    with pytest.raises(ValueError, match="flexcp.masks: doc_lens\\[1\\] is 2.5, expected an "
+                                         "integer"):
+        flexcp.masks.varlen_causal([4, 2.5])
+    with pytest.raises(ValueError, match="prefix_lens\\[0\\] is '2', expected an integer"):
+        flexcp.masks.prefix_lm([6], ["2"])
+    with pytest.raises(ValueError, match="flexcp.Mask: slice 0's q_end is 4.5, expected an "
+                                         "integer"):
+        flexcp.Mask([(0, 4.5, 0, 4, "full")], 8)
+    with pytest.raises(ValueError, match="flexcp.Mask: seqlen_q is 8.5, expected an integer"):
+        flexcp.Mask([(0, 4, 0, 4, "full")], 8.5)
+    with pytest.raises(ValueError, match="slices must be a sequence of \\(q_begin, q_end, "
+                                         "k_begin, k_end, type\\), got NoneType"):
+        flexcp.Mask(None, 8)
+    with pytest.raises(ValueError, match="slice 0 is 'abcde', expected"):
+        flexcp.Mask(["abcde"], 8)
+
+
+def test_totals_past_the_longest_mask_are_named():
+    # The C++ builders' check, carried through: not a wrapped int64 named as a negative seqlen.
+    with pytest.raises(ValueError, match="doc_lens\\[1\\] is 4611686018427387904 after 5 "
+                                         "tokens, past the most a mask holds"):
+        flexcp.masks.varlen_causal([5, 2**62, 2**62])
+
+
 @pytest.mark.parametrize("builder", [
     lambda: flexcp.masks.full(5, 7),
     lambda: flexcp.masks.causal(7, 5),
