@@ -11,7 +11,7 @@ import torch
 import torch.distributed as dist
 
 from . import _flexcp
-from ._args import real_number, scale_option
+from ._args import integer, real_number, scale_option
 from ._mask import Mask
 
 _DTYPES = {torch.float32: "fp32", torch.bfloat16: "bf16", torch.float16: "fp16"}
@@ -167,11 +167,15 @@ class DistAttention:
             raise RuntimeError("flexcp.DistAttention: torch.distributed is not initialised "
                                "(torch.distributed.init_process_group first)")
         self.mask = mask
-        self.heads_q, self.heads_kv, self.head_dim = int(heads_q), int(heads_kv), int(head_dim)
+        fn = "flexcp.DistAttention"
+        self.heads_q, self.heads_kv, self.head_dim = (
+            integer(fn, "heads_q", heads_q), integer(fn, "heads_kv", heads_kv),
+            integer(fn, "head_dim", head_dim))
         self.group = group
         self._group_on_nccl = "nccl" in str(dist.get_backend(group)).lower()
         self._host_group = _host_group_for(group, host_group, self._group_on_nccl)
-        self._plan_args = (int(chunk_size), int(chunks_per_rank))
+        self._plan_args = (integer(fn, "chunk_size", chunk_size),
+                           integer(fn, "chunks_per_rank", chunks_per_rank))
         self._impls = {}
         self._rolls = {}
         self._keep_stats = bool(keep_stats)
@@ -253,7 +257,8 @@ class DistAttention:
         the rows whose source is on another rank. With within_documents, a position whose source
         lies in another document, or wraps around the sequence, gets `fill` (next-token and
         multi-token-prediction labels). Differentiable: the gradient rolls back by -shift."""
-        return _Roll.apply(self, x_local, int(shift), bool(within_documents), fill)
+        shift = integer("flexcp.DistAttention.roll", "shift", shift)
+        return _Roll.apply(self, x_local, shift, bool(within_documents), fill)
 
     # The exchange a roll makes, planned once per (shift, within_documents).
 

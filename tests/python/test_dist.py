@@ -176,6 +176,12 @@ def worker(rank, world, init_file):
             attn(*qkv, scale=0.0)
         with pytest.raises(ValueError, match="softcap must be a real number, got str"):
             attn(*qkv, softcap="1")
+        # Sizes that are not integers are named before anything is planned (not truncated).
+        with pytest.raises(ValueError, match="flexcp.DistAttention: heads_q is 4.5, expected an "
+                                             "integer"):
+            flexcp.DistAttention(mask, 4.5, HK, D)
+        with pytest.raises(ValueError, match="roll: shift is 1.5, expected an integer"):
+            attn.roll(torch.zeros(lq), 1.5)
         # A host group that is not the group's ranks is named before anything is planned.
         if world > 1:
             lone = dist.new_group([0], backend="gloo")  # collective: every rank makes it
