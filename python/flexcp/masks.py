@@ -1,7 +1,7 @@
 """Builders of the masks people train with (docs/masks.md), the C++ helpers under their names.
 Document lengths are any sequence of ints (a list, a tuple, a 1-D integer tensor)."""
 from . import _flexcp
-from ._args import integers
+from ._args import integer, integers
 from ._mask import Mask
 
 __all__ = ["full", "causal", "batch", "varlen", "varlen_full", "varlen_causal",
@@ -54,7 +54,8 @@ def from_cu_seqlens(cu_seqlens_q, cu_seqlens_k=None, causal=True, window=None):
     if len(q) < 1 or q[0] != 0:
         raise ValueError(f"flexcp.masks.from_cu_seqlens: cu_seqlens_q must start at 0, got {q[:3]}")
     lens = [b - a for a, b in zip(q, q[1:])]
-    return Mask._of(_flexcp.masks.sliding_window(lens, int(window), not causal))
+    window = integer("flexcp.masks.from_cu_seqlens", "window", window)
+    return Mask._of(_flexcp.masks.sliding_window(lens, window, not causal))
 
 
 def sliding_window(doc_lens, window, symmetric=False):

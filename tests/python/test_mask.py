@@ -57,6 +57,8 @@ def test_lengths_and_bounds_are_integers_never_truncated():
         flexcp.Mask(None, 8)
     with pytest.raises(ValueError, match="slice 0 is 'abcde', expected"):
         flexcp.Mask(["abcde"], 8)
+    with pytest.raises(ValueError, match="from_cu_seqlens: window is 2.5, expected an integer"):
+        flexcp.masks.from_cu_seqlens([0, 6, 10], window=2.5)
 
 
 def test_totals_past_the_longest_mask_are_named():
