@@ -104,7 +104,9 @@ def main():
         labels = torch.roll(ids, -1)
         last = torch.cumsum(torch.tensor(docs), 0) - 1  # a document's last token has no label
         labels[last] = -100
-        attend = lambda q, k, v: flexcp.attention(q, k, v, mask)  # noqa: E731
+        # One plan for every layer and step (the mask is the same): a call only runs it.
+        plan = flexcp.AttentionPlan(mask, heads_q=4, heads_kv=2, head_dim=16, dtype=torch.float32)
+        attend = lambda q, k, v: flexcp.attention(q, k, v, plan)  # noqa: E731
     count = torch.tensor(float((labels != -100).sum()))
     if distributed:
         all_reduce_sum([count])

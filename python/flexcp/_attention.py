@@ -1,7 +1,8 @@
 """flexcp.attention: the kernels as torch.library custom ops, with their fake (meta) versions and
 autograd, so that torch.compile(fullgraph=True) traces a model that calls them without a break.
-The ops take the mask as an int64 [n, 5] slice tensor plus its lengths (a custom op's arguments
-are tensors and numbers) and rebuild the validated C++ mask on each call."""
+A custom op's arguments are tensors and numbers: the ops take the mask as an int64 [n, 5] slice
+tensor plus its lengths, and rebuild the validated C++ mask on each call, or, given a plan's id
+(flexcp.AttentionPlan; 0 for none), run that plan."""
 from typing import Optional, Tuple
 
 import torch
@@ -9,6 +10,7 @@ import torch
 from . import _flexcp
 from ._args import real_number, scale_option
 from ._mask import Mask
+from ._plan import AttentionPlan, plan_of
 
 _LOW_PRECISION = (torch.bfloat16, torch.float16)
 _DTYPES = (torch.float32,) + _LOW_PRECISION
@@ -24,21 +26,34 @@ def _mask(slices: torch.Tensor, seqlen_q: int, seqlen_k: int):
     return _flexcp.Mask.from_array(slices, seqlen_q, seqlen_k)
 
 
+def _plan(plan_id: int, q: torch.Tensor, fn: str):
+    """The C++ plan of `plan_id`, noted as used on q's stream."""
+    plan = plan_of(plan_id, fn)
+    if q.is_cuda:
+        plan._used_on(torch.cuda.current_stream(q.device))
+    return plan._plan
+
+
 @torch.library.custom_op("flexcp::attention_forward", mutates_args=())
 def _forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, slices: torch.Tensor,
-             seqlen_q: int, seqlen_k: int, scale: float, softcap: float,
+             seqlen_q: int, seqlen_k: int, plan_id: int, scale: float, softcap: float,
              sink: Optional[torch.Tensor], deterministic: bool) -> Tuple[torch.Tensor, torch.Tensor]:
     # `deterministic` is for the backward (the forward always is); it is an argument here so
     # that autograd's context sees it.
     out = torch.empty_like(q, memory_format=torch.contiguous_format)
     lse = torch.empty(q.shape[:2], dtype=torch.float32, device=q.device)
-    _flexcp.forward(q.detach(), k.detach(), v.detach(), _mask(slices, seqlen_q, seqlen_k), out,
-                    lse, scale, softcap, None if sink is None else sink.detach(), _stream(q))
+    tensors = (q.detach(), k.detach(), v.detach())
+    numbers = (scale, softcap, None if sink is None else sink.detach(), _stream(q))
+    if plan_id:
+        _flexcp.forward_planned(_plan(plan_id, q, "flexcp.attention"), *tensors, out, lse,
+                                *numbers)
+    else:
+        _flexcp.forward(*tensors, _mask(slices, seqlen_q, seqlen_k), out, lse, *numbers)
     return out, lse
 
 
 @_forward.register_fake
-def _(q, k, v, slices, seqlen_q, seqlen_k, scale, softcap, sink, deterministic):
+def _(q, k, v, slices, seqlen_q, seqlen_k, plan_id, scale, softcap, sink, deterministic):
     return (torch.empty_like(q, memory_format=torch.contiguous_format),
             q.new_empty(q.shape[:2], dtype=torch.float32))
 
@@ -46,22 +61,27 @@ def _(q, k, v, slices, seqlen_q, seqlen_k, scale, softcap, sink, deterministic):
 @torch.library.custom_op("flexcp::attention_backward", mutates_args=())
 def _backward(dout: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
               out: torch.Tensor, lse: torch.Tensor, slices: torch.Tensor, seqlen_q: int,
-              seqlen_k: int, scale: float, softcap: float, sink: Optional[torch.Tensor],
+              seqlen_k: int, plan_id: int, scale: float, softcap: float,
+              sink: Optional[torch.Tensor],
               deterministic: bool) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     dq = torch.empty_like(q, memory_format=torch.contiguous_format)
     dk = torch.empty_like(k, memory_format=torch.contiguous_format)
     dv = torch.empty_like(v, memory_format=torch.contiguous_format)
     # Without a sink its gradient is an empty tensor (an op returns tensors only).
     dsink = torch.empty_like(sink) if sink is not None else q.new_empty(0, dtype=torch.float32)
-    _flexcp.backward(dout.detach(), q.detach(), k.detach(), v.detach(), out, lse,
-                     _mask(slices, seqlen_q, seqlen_k), dq, dk, dv, scale, softcap,
-                     None if sink is None else sink.detach(), None if sink is None else dsink,
-                     deterministic, _stream(q))
+    inputs = (dout.detach(), q.detach(), k.detach(), v.detach(), out, lse)
+    rest = (dq, dk, dv, scale, softcap, None if sink is None else sink.detach(),
+            None if sink is None else dsink, deterministic, _stream(q))
+    if plan_id:
+        _flexcp.backward_planned(_plan(plan_id, q, "flexcp.attention (backward)"), *inputs, *rest)
+    else:
+        _flexcp.backward(*inputs, _mask(slices, seqlen_q, seqlen_k), *rest)
     return dq, dk, dv, dsink
 
 
 @_backward.register_fake
-def _(dout, q, k, v, out, lse, slices, seqlen_q, seqlen_k, scale, softcap, sink, deterministic):
+def _(dout, q, k, v, out, lse, slices, seqlen_q, seqlen_k, plan_id, scale, softcap, sink,
+      deterministic):
     dsink = torch.empty_like(sink) if sink is not None else q.new_empty(0, dtype=torch.float32)
     return (torch.empty_like(q, memory_format=torch.contiguous_format),
             torch.empty_like(k, memory_format=torch.contiguous_format),
@@ -69,10 +89,14 @@ def _(dout, q, k, v, out, lse, slices, seqlen_q, seqlen_k, scale, softcap, sink,
 
 
 def _setup_context(ctx, inputs, output):
-    q, k, v, slices, seqlen_q, seqlen_k, scale, softcap, sink, deterministic = inputs
+    q, k, v, slices, seqlen_q, seqlen_k, plan_id, scale, softcap, sink, deterministic = inputs
     out, lse = output
     ctx.save_for_backward(q, k, v, out, lse, slices, sink)
     ctx.lengths = (seqlen_q, seqlen_k)
+    # Only the id: the plan must still be alive when the backward runs (it says so if not). A
+    # reference here would tie the plan's lifetime to autograd graphs, which may outlive the
+    # interpreter's modules.
+    ctx.plan_id = plan_id
     ctx.numbers = (scale, softcap)
     ctx.deterministic = deterministic
     # NOTE: lse carries no gradient (the kernels' backward has no dlse input); marking it so
@@ -82,10 +106,10 @@ def _setup_context(ctx, inputs, output):
 
 def _grad(ctx, dout, dlse):
     q, k, v, out, lse, slices, sink = ctx.saved_tensors
-    dq, dk, dv, dsink = _backward(dout, q, k, v, out, lse, slices, *ctx.lengths, *ctx.numbers,
-                                  sink, ctx.deterministic)
-    return (dq, dk, dv, None, None, None, None, None, (dsink if sink is not None else None),
-            None)
+    dq, dk, dv, dsink = _backward(dout, q, k, v, out, lse, slices, *ctx.lengths, ctx.plan_id,
+                                  *ctx.numbers, sink, ctx.deterministic)
+    return (dq, dk, dv, None, None, None, None, None, None,
+            (dsink if sink is not None else None), None)
 
 
 torch.library.register_autograd("flexcp::attention_forward", _grad, setup_context=_setup_context)
@@ -99,6 +123,8 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: Mask,
     q [Tq, Hq, D], k and v [Tk, Hk, D] (Hq a multiple of Hk), one dtype of float32, bfloat16 or
     float16, on the CPU or one CUDA device (float32 on the CPU only); on the meta device (or
     under torch.compile's fake tensors) the outputs' shapes and dtypes, nothing computed.
+    `mask`: a flexcp.Mask (planned on every call), or a flexcp.AttentionPlan built for these
+    tensors' shape, dtype and device (planned once; needed where a CUDA graph captures the call).
     Returns out [Tq, Hq, D] (q's dtype) and lse [Tq, Hq] (float32, natural log; -inf and out = 0
     for a row that attends nothing). Differentiable in q, k, v and sink (float32 [Hq]); lse is
     not. `scale` defaults to 1/sqrt(D); `softcap` > 0 caps logits at softcap * tanh(s / softcap).
@@ -109,8 +135,13 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: Mask,
     are, and dQ is summed in arrival order unless `deterministic` is True, which computes dQ in
     its own q-tile-major pass in a fixed order (the same bits on every run, at 0.9x the speed).
     """
-    if not isinstance(mask, Mask):
-        raise ValueError(f"flexcp.attention: mask must be a flexcp.Mask, got {type(mask).__name__}")
+    if isinstance(mask, AttentionPlan):
+        plan, mask = mask, mask.mask
+    elif isinstance(mask, Mask):
+        plan = None
+    else:
+        raise ValueError(f"flexcp.attention: mask must be a flexcp.Mask or a "
+                         f"flexcp.AttentionPlan, got {type(mask).__name__}")
     for name, t in (("q", q), ("k", k), ("v", v), ("sink", sink)):
         if t is None and name == "sink":
             continue
@@ -135,5 +166,5 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: Mask,
         low = torch.get_autocast_dtype(device_type)
         if low in _LOW_PRECISION:
             q, k, v = q.to(low), k.to(low), v.to(low)
-    return _forward(q, k, v, mask._slices, mask.seqlen_q, mask.seqlen_k, scale, softcap, sink,
-                    deterministic)
+    return _forward(q, k, v, mask._slices, mask.seqlen_q, mask.seqlen_k,
+                    0 if plan is None else plan.id, scale, softcap, sink, deterministic)

@@ -90,6 +90,47 @@ AttentionOptions options_of(double scale, double softcap, const nb::object& sink
   return o;
 }
 
+// The arguments of a forward as views (what the mask and plan entries share).
+struct ForwardViews {
+  static constexpr const char* kFn = "flexcp.attention";
+  ForwardViews(const Array& q_, const Array& k_, const Array& v_, const MutableArray& out_,
+               const MutableArray& lse_, double scale, double softcap, const nb::object& sink,
+               std::uintptr_t stream)
+      : q(view_of(q_, kFn, "q")),
+        k(view_of(k_, kFn, "k")),
+        v(view_of(v_, kFn, "v")),
+        out(view_of(out_, kFn, "out")),
+        lse(view_of(lse_, kFn, "lse")),
+        options(options_of(scale, softcap, sink, stream, kFn)) {}
+  TensorView q, k, v, out, lse;
+  AttentionOptions options;
+};
+
+// The arguments of a backward as views.
+struct BackwardViews {
+  static constexpr const char* kFn = "flexcp.attention (backward)";
+  BackwardViews(const Array& dout_, const Array& q_, const Array& k_, const Array& v_,
+                const Array& out_, const Array& lse_, const MutableArray& dq_,
+                const MutableArray& dk_, const MutableArray& dv_, double scale, double softcap,
+                const nb::object& sink, const nb::object& dsink_, bool deterministic,
+                std::uintptr_t stream)
+      : dout(view_of(dout_, kFn, "grad of out")),
+        q(view_of(q_, kFn, "q")),
+        k(view_of(k_, kFn, "k")),
+        v(view_of(v_, kFn, "v")),
+        out(view_of(out_, kFn, "out")),
+        lse(view_of(lse_, kFn, "lse")),
+        dq(view_of(dq_, kFn, "dq")),
+        dk(view_of(dk_, kFn, "dk")),
+        dv(view_of(dv_, kFn, "dv")),
+        dsink(optional_view(dsink_, kFn, "dsink")),
+        options(options_of(scale, softcap, sink, stream, kFn)) {
+    options.deterministic = deterministic;
+  }
+  TensorView dout, q, k, v, out, lse, dq, dk, dv, dsink;
+  AttentionOptions options;
+};
+
 Mask mask_of(const std::vector<SliceTuple>& slices, std::int64_t seqlen_q, std::int64_t seqlen_k) {
   std::vector<Slice> s;
   s.reserve(slices.size());
@@ -326,22 +367,30 @@ NB_MODULE(_flexcp, m) {
   mk.def("pack_lengths", &masks::pack_lengths, nb::arg("lengths"), nb::arg("total"),
          nb::arg("max_len"));
 
-  // The kernels on caller-allocated outputs (the torch layer allocates them). stream: the
-  // cudaStream_t as an integer (0 for host tensors or the legacy default stream).
+  // The kernels on caller-allocated outputs (the torch layer allocates them), over a mask
+  // (planned for the one call) or over a plan built once. stream: the cudaStream_t as an integer
+  // (0 for host tensors or the legacy default stream).
   m.def(
       "forward",
       [](const Array& q, const Array& k, const Array& v, const Mask& mask, const MutableArray& out,
          const MutableArray& lse, double scale, double softcap, const nb::object& sink,
          std::uintptr_t stream) {
-        const char* fn = "flexcp.attention";
-        const AttentionOptions o = options_of(scale, softcap, sink, stream, fn);
-        const TensorView tq = view_of(q, fn, "q"), tk = view_of(k, fn, "k"),
-                         tv = view_of(v, fn, "v"), to = view_of(out, fn, "out"),
-                         tl = view_of(lse, fn, "lse");
+        const ForwardViews f(q, k, v, out, lse, scale, softcap, sink, stream);
         nb::gil_scoped_release release;
-        forward(tq, tk, tv, mask, to, tl, o);
+        forward(f.q, f.k, f.v, mask, f.out, f.lse, f.options);
       },
       nb::arg("q"), nb::arg("k"), nb::arg("v"), nb::arg("mask"), nb::arg("out"), nb::arg("lse"),
+      nb::arg("scale"), nb::arg("softcap"), nb::arg("sink").none(), nb::arg("stream"));
+  m.def(
+      "forward_planned",
+      [](const AttentionPlan& plan, const Array& q, const Array& k, const Array& v,
+         const MutableArray& out, const MutableArray& lse, double scale, double softcap,
+         const nb::object& sink, std::uintptr_t stream) {
+        const ForwardViews f(q, k, v, out, lse, scale, softcap, sink, stream);
+        nb::gil_scoped_release release;
+        forward(plan, f.q, f.k, f.v, f.out, f.lse, f.options);
+      },
+      nb::arg("plan"), nb::arg("q"), nb::arg("k"), nb::arg("v"), nb::arg("out"), nb::arg("lse"),
       nb::arg("scale"), nb::arg("softcap"), nb::arg("sink").none(), nb::arg("stream"));
   m.def(
       "backward",
@@ -349,21 +398,70 @@ NB_MODULE(_flexcp, m) {
          const Array& lse, const Mask& mask, const MutableArray& dq, const MutableArray& dk,
          const MutableArray& dv, double scale, double softcap, const nb::object& sink,
          const nb::object& dsink, bool deterministic, std::uintptr_t stream) {
-        const char* fn = "flexcp.attention (backward)";
-        AttentionOptions o = options_of(scale, softcap, sink, stream, fn);
-        o.deterministic = deterministic;
-        const TensorView tdo = view_of(dout, fn, "grad of out"), tq = view_of(q, fn, "q"),
-                         tk = view_of(k, fn, "k"), tv = view_of(v, fn, "v"),
-                         to = view_of(out, fn, "out"), tl = view_of(lse, fn, "lse"),
-                         tdq = view_of(dq, fn, "dq"), tdk = view_of(dk, fn, "dk"),
-                         tdv = view_of(dv, fn, "dv"), tds = optional_view(dsink, fn, "dsink");
+        const BackwardViews b(dout, q, k, v, out, lse, dq, dk, dv, scale, softcap, sink, dsink,
+                              deterministic, stream);
         nb::gil_scoped_release release;
-        backward(tdo, tq, tk, tv, to, tl, mask, tdq, tdk, tdv, o, tds);
+        backward(b.dout, b.q, b.k, b.v, b.out, b.lse, mask, b.dq, b.dk, b.dv, b.options, b.dsink);
       },
       nb::arg("dout"), nb::arg("q"), nb::arg("k"), nb::arg("v"), nb::arg("out"), nb::arg("lse"),
       nb::arg("mask"), nb::arg("dq"), nb::arg("dk"), nb::arg("dv"), nb::arg("scale"),
       nb::arg("softcap"), nb::arg("sink").none(), nb::arg("dsink").none(), nb::arg("deterministic"),
       nb::arg("stream"));
+  m.def(
+      "backward_planned",
+      [](const AttentionPlan& plan, const Array& dout, const Array& q, const Array& k,
+         const Array& v, const Array& out, const Array& lse, const MutableArray& dq,
+         const MutableArray& dk, const MutableArray& dv, double scale, double softcap,
+         const nb::object& sink, const nb::object& dsink, bool deterministic,
+         std::uintptr_t stream) {
+        const BackwardViews b(dout, q, k, v, out, lse, dq, dk, dv, scale, softcap, sink, dsink,
+                              deterministic, stream);
+        nb::gil_scoped_release release;
+        backward(plan, b.dout, b.q, b.k, b.v, b.out, b.lse, b.dq, b.dk, b.dv, b.options, b.dsink);
+      },
+      nb::arg("plan"), nb::arg("dout"), nb::arg("q"), nb::arg("k"), nb::arg("v"), nb::arg("out"),
+      nb::arg("lse"), nb::arg("dq"), nb::arg("dk"), nb::arg("dv"), nb::arg("scale"),
+      nb::arg("softcap"), nb::arg("sink").none(), nb::arg("dsink").none(), nb::arg("deterministic"),
+      nb::arg("stream"));
+
+  // A mask planned once for one shape, dtype and device (flexcp.AttentionPlan wraps it). A device
+  // plan runs once its workspace is bound (memory the Python side allocates through torch).
+  nb::class_<AttentionPlan>(m, "AttentionPlan")
+      .def(
+          "__init__",
+          [](AttentionPlan* self, const Mask& mask, std::int64_t heads_q, std::int64_t heads_kv,
+             std::int64_t head_dim, const std::string& dtype, const std::string& device,
+             int device_index, bool backward) {
+            const AttentionShape shape{.seqlen_q = mask.seqlen_q(),
+                                       .seqlen_k = mask.seqlen_k(),
+                                       .heads_q = heads_q,
+                                       .heads_kv = heads_kv,
+                                       .head_dim = head_dim,
+                                       .dtype = parse_dtype(dtype),
+                                       .device = device_of(device, "flexcp.AttentionPlan"),
+                                       .device_index = device_index};
+            AttentionPlan plan;
+            {
+              // Planning a long mask takes a while; other Python threads go on meanwhile.
+              nb::gil_scoped_release release;
+              plan = AttentionPlan(mask, shape, {.backward = backward});
+            }
+            new (self) AttentionPlan(std::move(plan));
+          },
+          nb::arg("mask"), nb::arg("heads_q"), nb::arg("heads_kv"), nb::arg("head_dim"),
+          nb::arg("dtype"), nb::arg("device"), nb::arg("device_index"), nb::arg("backward"))
+      .def("workspace_bytes", &AttentionPlan::workspace_bytes)
+      .def(
+          "bind_workspace",
+          [](AttentionPlan& plan, std::uintptr_t workspace, std::size_t bytes,
+             std::uintptr_t stream) {
+            plan.bind_workspace(reinterpret_cast<void*>(workspace), bytes,
+                                reinterpret_cast<void*>(stream));
+          },
+          nb::arg("workspace"), nb::arg("bytes"), nb::arg("stream"))
+      .def("has_workspace", &AttentionPlan::has_workspace)
+      .def("has_backward", &AttentionPlan::has_backward)
+      .def("area", &AttentionPlan::area);
 
   // What a forward (and its backward, once it ran) moved and how long it took (DistStats): bytes,
   // then per stage (stage 0 first) (wait, compute) in ms, forward and backward, and the totals;

@@ -29,6 +29,15 @@ void with_call_workspace(const std::string& fn, AttentionPlan& plan, void* strea
 #if defined(FLEXCP_WITH_CUDA)
   const cuda::DeviceGuard guard(plan.shape().device_index, fn);
   auto st = static_cast<cudaStream_t>(stream);
+  // A graph would keep this call's workspace address and replay a copy of work lists that are
+  // gone by then; refused before anything is enqueued, so that the capture stays usable.
+  cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
+  cuda::check(cudaStreamIsCapturing(st, &capture), fn, "cudaStreamIsCapturing");
+  if (capture != cudaStreamCaptureStatusNone)
+    throw Error(Status::kInvalidUsage,
+                fn + ": the stream is capturing a CUDA graph, and a call with a mask plans and "
+                     "copies its work lists each time; build an AttentionPlan once (in Python "
+                     "flexcp.AttentionPlan), bind its workspace, and pass the plan instead");
   void* workspace = nullptr;
   cuda::check(cudaMallocAsync(&workspace, plan.workspace_bytes(), st), fn,
               "cudaMallocAsync (the call's workspace)");

@@ -51,7 +51,7 @@ def test_the_ops_pass_torch_library_checks():
     k = torch.randn(33, 2, 16, requires_grad=True)
     v = torch.randn(33, 2, 16, requires_grad=True)
     sink = torch.randn(4, requires_grad=True)
-    args = (q, k, v, mask._slices, mask.seqlen_q, mask.seqlen_k, 0.0, 0.0, sink, False)
+    args = (q, k, v, mask._slices, mask.seqlen_q, mask.seqlen_k, 0, 0.0, 0.0, sink, False)
     torch.library.opcheck(torch.ops.flexcp.attention_forward.default, args)
 
 
