@@ -7,6 +7,7 @@
 #   scripts/gpu-check.sh OUT [bench lengths...]       e.g. scripts/gpu-check.sh "$OUT" 1024 32768
 # The bench's environment passes through (BACKWARD=1, MASKS=..., see bench/gpu_bench.sh);
 # PYTEST=0 leaves out the Python suite (3-4 minutes of a call, for a kernel-only iteration);
+# PYTEST_ARGS picks part of it (e.g. "tests/python/test_plan.py", default the whole suite);
 # SANITIZE=0 leaves out compute-sanitizer (memcheck and racecheck on three small cases, memcheck
 # also on the backward's head units; seconds on 2026-12-04; each must run its tests, not skip them); CTEST=0 leaves out ctest (100 s; for the
 # Python suite or the sanitizers on a tree whose tests have passed in an earlier call).
@@ -55,7 +56,8 @@ t0=$SECONDS
 if [[ ${PYTEST:-1} != 0 ]]; then
   pkg=$(mktemp -d)
   cp -r python/flexcp "$pkg/" && cp build/gpu/python/_flexcp*.so "$pkg/flexcp/"
-  PYTHONPATH=$pkg python3 -m pytest -q -rs tests/python > "$out/pytest.log" 2>&1
+  # shellcheck disable=SC2086 # PYTEST_ARGS is a list of words
+  PYTHONPATH=$pkg python3 -m pytest -q -rs ${PYTEST_ARGS:-tests/python} > "$out/pytest.log" 2>&1
   prc=$?
   ((prc == 0)) || rc=1
   echo "pytest: rc $prc, $((SECONDS - t0)) s; $(tail -1 "$out/pytest.log")" >> "$summary"
