@@ -94,7 +94,15 @@ class Mask:
     def slices(self):
         return self._mask.slices()
 
+    def __reduce__(self):
+        # Pickled (and copied) as its slices and lengths, validated again when loaded: a mask
+        # crosses DataLoader workers and is copied with the model that holds it.
+        return (_from_slices, (self._slices.numpy().copy(), self.seqlen_q, self.seqlen_k))
 
     def __repr__(self):
         return (f"flexcp.Mask({len(self.slices)} slices, seqlen_q={self.seqlen_q}, "
                 f"seqlen_k={self.seqlen_k}, area={self.area()})")
+
+
+def _from_slices(array, seqlen_q, seqlen_k):
+    return Mask._of(_flexcp.Mask.from_array(array, seqlen_q, seqlen_k))

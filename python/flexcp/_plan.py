@@ -108,6 +108,12 @@ class AttentionPlan:
         self._workspace.record_stream(stream)
         self._streams_used.add(stream.cuda_stream)
 
+    def __reduce__(self):
+        # A copy (copy.copy, copy.deepcopy of a model holding it) or an unpickled plan is planned
+        # again: its own workspace and id, so that it may run beside this one.
+        return (AttentionPlan, (self.mask, self.heads_q, self.heads_kv, self.head_dim, self.dtype,
+                                str(self.device), self.has_backward))
+
     def __repr__(self):
         kind = "forward and backward" if self.has_backward else "forward only"
         return (f"flexcp.AttentionPlan(seqlen_q={self.mask.seqlen_q}, "

@@ -1,6 +1,8 @@
 """flexcp.Mask and flexcp.masks: validation, JSON in and out, areas against the definition, and
 the builders in FlashAttention's cu_seqlens convention."""
+import copy
 import json
+import pickle
 
 import pytest
 import torch
@@ -97,3 +99,28 @@ def test_from_cu_seqlens():
         flexcp.masks.from_cu_seqlens([0, 6], [0, 5], window=2)
     with pytest.raises(ValueError, match="must be a sequence of integers"):
         flexcp.masks.varlen_causal("abc")
+
+
+@pytest.mark.parametrize("make", [
+    lambda: flexcp.masks.varlen_causal([30, 1, 70, 12]),
+    lambda: flexcp.Mask([(0, 5, 0, 9, "bi_causal"), (5, 9, 2, 9, "inv_causal")], 9, 9),
+    lambda: flexcp.masks.causal(0),
+])
+def test_masks_pickle_and_copy_as_their_slices(make):
+    # DataLoader workers send masks by pickle; copy.deepcopy(model) copies the mask it holds.
+    # (Masks made in the test: pytest keeps parameters past the module's teardown.)
+    mask = make()
+    for f in (copy.copy, copy.deepcopy, lambda m: pickle.loads(pickle.dumps(m))):
+        got = f(mask)
+        assert isinstance(got, flexcp.Mask) and got is not mask
+        assert (got.slices, got.seqlen_q, got.seqlen_k) == (mask.slices, mask.seqlen_q,
+                                                            mask.seqlen_k)
+        assert got.area() == mask.area() and torch.equal(got._slices, mask._slices)
+
+
+def test_an_unpickled_mask_is_validated_again():
+    mask = flexcp.masks.causal(10)
+    reduce, (array, seqlen_q, seqlen_k) = mask.__reduce__()
+    array[0, 1] = 11  # past seqlen_q: what a corrupted pickle would carry
+    with pytest.raises(ValueError, match="10"):
+        reduce(array, seqlen_q, seqlen_k)

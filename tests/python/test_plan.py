@@ -2,7 +2,9 @@
 checks against the float64 reference), serves any number of calls and layers, names every
 disagreement with the tensors it is given, says when it has been released, traces under
 torch.compile, and on CUDA runs from a workspace torch allocated, inside a captured CUDA graph."""
+import copy
 import gc
+import pickle
 import random
 
 import pytest
@@ -162,6 +164,26 @@ def test_meta_tensors_with_a_plan_give_the_outputs_shapes():
     assert (out.device.type, out.shape, lse.shape) == ("meta", (12, 6, 32), (12, 6))
     out.sum().backward()
     assert (k.grad.device.type, k.grad.shape) == ("meta", (12, 3, 32))
+
+
+def test_a_copied_or_unpickled_plan_is_planned_again():
+    mask = flexcp.masks.varlen_causal([30, 1, 70, 12])
+    plan = flexcp.AttentionPlan(mask, 4, 2, 16, dtype=torch.float32, backward=False)
+    q, k, v, _, _ = inputs(21, 113, 113, 4, 2, 16, torch.float32)
+    want = flexcp.attention(q, k, v, plan)
+    for f in (copy.copy, copy.deepcopy, lambda p: pickle.loads(pickle.dumps(p))):
+        got = f(plan)
+        assert got.id != plan.id and got._plan is not plan._plan
+        assert (got.heads_q, got.heads_kv, got.head_dim, got.dtype, got.device,
+                got.has_backward) == (4, 2, 16, torch.float32, torch.device("cpu"), False)
+        assert_same_bits(list(flexcp.attention(q, k, v, got)), list(want))
+    # A model that holds plans deep-copies (an averaged model, say) and computes the same.
+    from test_compile import Block
+    block = Block(64, 4, 2, flexcp.AttentionPlan(mask, 4, 2, 16, dtype=torch.float32))
+    twin = copy.deepcopy(block)
+    assert twin.mask.id != block.mask.id
+    x = torch.randn(113, 64)
+    assert torch.equal(twin(x), block(x))
 
 
 def test_a_host_plan_holds_no_workspace():
