@@ -38,9 +38,10 @@ class AttentionPlan:
 
     With backward=False the plan serves the forward only (inference) and its workspace is a few
     kilobytes. On CUDA the workspace (work lists and, for the backward, an fp32 dQ accumulator of
-    seqlen_q x heads_q x head_dim) is allocated once through torch's allocator on the current
-    stream, which is synchronised once so that the lists are in place for any stream. A plan runs
-    one call at a time, in stream order: layers sharing it on one stream (autograd runs each
+    seqlen_q x heads_q x head_dim) is allocated once through torch's allocator and written on the
+    current stream (no host wait: a mask that changes every batch is planned every batch); a call
+    on another stream first waits for that on the device. A plan runs one call at a time, in
+    stream order: layers sharing it on one stream (autograd runs each
     backward on its forward's stream) are fine; calls on two streams at once need two plans. A
     captured graph reads the workspace when it replays: keep the plan while the graph lives.
     """
@@ -73,13 +74,14 @@ class AttentionPlan:
                                            self.head_dim, _DTYPE_NAMES[dtype], device.type,
                                            device.index or 0, backward)
         self._workspace = None
-        self._streams_used = set()  # streams other than the workspace's own that ran the plan
+        self._streams_used = set()  # streams that have waited for the lists (and their own)
         if device.type == "cuda":
             nbytes = self._plan.workspace_bytes()
             stream = torch.cuda.current_stream(device)
             self._workspace = torch.empty(nbytes, dtype=torch.uint8, device=device)
             self._plan.bind_workspace(self._workspace.data_ptr(), nbytes, stream.cuda_stream)
-            stream.synchronize()
+            self._written = torch.cuda.Event()
+            self._written.record(stream)
             self._streams_used.add(stream.cuda_stream)
         self.id = next(_ids)
         _plans[self.id] = self
@@ -98,13 +100,16 @@ class AttentionPlan:
         return self._plan.area()
 
     def _used_on(self, stream):
-        # A workspace used on a stream other than the one it was allocated on must not go back to
-        # torch's allocator before that stream's work is done (torch's record_stream, once per
-        # stream: the allocator waits for each recorded stream when the block is freed). A
-        # captured graph is different: it runs later, and the plan must outlive it.
+        # A stream other than the one that wrote the lists waits for them on the device, once, and
+        # the workspace must not go back to torch's allocator before that stream's work is done
+        # (record_stream: the allocator waits for each recorded stream when the block is freed).
+        # A capture is different: torch.cuda.graph synchronises the device before it captures, a
+        # graph may not wait for an event recorded outside it, and it replays later: the plan must
+        # outlive it.
         if (self._workspace is None or stream.cuda_stream in self._streams_used
                 or torch.cuda.is_current_stream_capturing()):
             return
+        stream.wait_event(self._written)
         self._workspace.record_stream(stream)
         self._streams_used.add(stream.cuda_stream)
 
