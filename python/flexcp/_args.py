@@ -23,15 +23,20 @@ def scale_option(fn: str, scale) -> float:
     return value
 
 
+_INT64 = (-(1 << 63), (1 << 63) - 1)
+
+
 def integer(fn: str, name: str, x) -> int:
     """An int (or a NumPy or torch integer, or a float with no fraction, as a float tensor's
-    tolist() gives); 4.5 is an error, not 4."""
-    if isinstance(x, float) and x.is_integer():
-        return int(x)
+    tolist() gives) that the C++ side's int64 holds; 4.5 is an error, not 4."""
     try:
-        return operator.index(x)
+        value = int(x) if isinstance(x, float) and x.is_integer() else operator.index(x)
     except TypeError:
         raise ValueError(f"{fn}: {name} is {x!r}, expected an integer") from None
+    if not _INT64[0] <= value <= _INT64[1]:
+        raise ValueError(f"{fn}: {name} is {value}, expected an integer within int64 "
+                         f"({_INT64[0]} to {_INT64[1]})")
+    return value
 
 
 def integers(fn: str, name: str, values) -> list:

@@ -13,18 +13,26 @@ def _ints(name, values):
     return integers("flexcp.masks", name, values)
 
 
+def _int(name, value):
+    return integer("flexcp.masks", name, value)
+
+
 def full(seqlen_q, seqlen_k=None):
-    return Mask._of(_flexcp.masks.full(seqlen_q, seqlen_q if seqlen_k is None else seqlen_k))
+    seqlen_q = _int("seqlen_q", seqlen_q)
+    return Mask._of(_flexcp.masks.full(
+        seqlen_q, seqlen_q if seqlen_k is None else _int("seqlen_k", seqlen_k)))
 
 
 def causal(seqlen_q, seqlen_k=None):
     """Bottom-right aligned causal (FlashAttention 2's convention when seqlen_q != seqlen_k)."""
-    return Mask._of(_flexcp.masks.causal(seqlen_q, seqlen_q if seqlen_k is None else seqlen_k))
+    seqlen_q = _int("seqlen_q", seqlen_q)
+    return Mask._of(_flexcp.masks.causal(
+        seqlen_q, seqlen_q if seqlen_k is None else _int("seqlen_k", seqlen_k)))
 
 
 def batch(num_seqs, seqlen, type="causal"):
     """`num_seqs` sequences of `seqlen` tokens packed, each attending to itself."""
-    return Mask._of(_flexcp.masks.batch(num_seqs, seqlen, type))
+    return Mask._of(_flexcp.masks.batch(_int("num_seqs", num_seqs), _int("seqlen", seqlen), type))
 
 
 def varlen(doc_lens, type):
@@ -59,11 +67,12 @@ def from_cu_seqlens(cu_seqlens_q, cu_seqlens_k=None, causal=True, window=None):
 
 
 def sliding_window(doc_lens, window, symmetric=False):
-    return Mask._of(_flexcp.masks.sliding_window(_ints("doc_lens", doc_lens), window, symmetric))
+    return Mask._of(_flexcp.masks.sliding_window(_ints("doc_lens", doc_lens),
+                                                 _int("window", window), symmetric))
 
 
 def block_causal(doc_lens, block):
-    return Mask._of(_flexcp.masks.block_causal(_ints("doc_lens", doc_lens), block))
+    return Mask._of(_flexcp.masks.block_causal(_ints("doc_lens", doc_lens), _int("block", block)))
 
 
 def prefix_lm(doc_lens, prefix_lens):
@@ -72,11 +81,13 @@ def prefix_lm(doc_lens, prefix_lens):
 
 
 def shared_question(question_len, answer_lens):
-    return Mask._of(_flexcp.masks.shared_question(question_len, _ints("answer_lens", answer_lens)))
+    return Mask._of(_flexcp.masks.shared_question(_int("question_len", question_len),
+                                                  _ints("answer_lens", answer_lens)))
 
 
 def pack_lengths(lengths, total, max_len):
-    return _flexcp.masks.pack_lengths(_ints("lengths", lengths), total, max_len)
+    return _flexcp.masks.pack_lengths(_ints("lengths", lengths), _int("total", total),
+                                      _int("max_len", max_len))
 
 
 def read_lengths_file(path):

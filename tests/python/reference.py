@@ -1,7 +1,6 @@
 """The float64 torch reference the Python tests measure flexcp against (DESIGN §6), written here
 from the mask definition (docs/masks.md), and random masks like the C++ tests' (test_util)."""
 import math
-import random
 
 import torch
 

@@ -61,6 +61,24 @@ def test_lengths_and_bounds_are_integers_never_truncated():
         flexcp.Mask(["abcde"], 8)
     with pytest.raises(ValueError, match="from_cu_seqlens: window is 2.5, expected an integer"):
         flexcp.masks.from_cu_seqlens([0, 6, 10], window=2.5)
+    # Every builder's scalar arguments too, each named (not a binding's TypeError).
+    for build, name in ((lambda: flexcp.masks.causal(7.5), "seqlen_q is 7.5"),
+                        (lambda: flexcp.masks.full(4, "8"), "seqlen_k is '8'"),
+                        (lambda: flexcp.masks.batch(2.5, 4), "num_seqs is 2.5"),
+                        (lambda: flexcp.masks.sliding_window([9], 3.5), "window is 3.5"),
+                        (lambda: flexcp.masks.block_causal([9], None), "block is None"),
+                        (lambda: flexcp.masks.shared_question(1.5, [2]), "question_len is 1.5"),
+                        (lambda: flexcp.masks.pack_lengths([3], 9, 4.5), "max_len is 4.5")):
+        with pytest.raises(ValueError, match=f"flexcp.masks: {name}, expected an integer"):
+            build()
+    assert flexcp.masks.causal(torch.tensor(7), 7.0).seqlen_q == 7
+    # Past int64: named, not wrapped or refused by the binding.
+    for build, name in ((lambda: flexcp.masks.causal(2**70), "seqlen_q"),
+                        (lambda: flexcp.Mask([(0, 2**64, 0, 4, "full")], 8), "slice 0's q_end"),
+                        (lambda: flexcp.masks.varlen_causal([2, -2**63 - 1]), "doc_lens\\[1\\]")):
+        with pytest.raises(ValueError, match=f"{name} is -?[0-9]+, expected an integer within "
+                                             "int64"):
+            build()
 
 
 def test_totals_past_the_longest_mask_are_named():

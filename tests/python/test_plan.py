@@ -93,6 +93,7 @@ def test_a_plan_names_what_disagrees_with_its_tensors():
 @pytest.mark.parametrize("args, message", [
     (dict(mask="causal"), "mask must be a flexcp.Mask, got str"),
     (dict(heads_q=2.5), "heads_q"),
+    (dict(head_dim=2**70), "head_dim is 1180591620717411303424, expected an integer within int64"),
     (dict(heads_kv=0), "heads_q 4 and heads_kv 0"),
     (dict(heads_q=3), "heads_q 3 and heads_kv 2"),
     (dict(head_dim=0), "head_dim"),
