@@ -58,6 +58,19 @@ def _(q, k, v, slices, seqlen_q, seqlen_k, plan_id, scale, softcap, sink, determ
             q.new_empty(q.shape[:2], dtype=torch.float32))
 
 
+def _readable_by_the_kernel(dout: torch.Tensor) -> torch.Tensor:
+    """The output's gradient comes in whatever layout the code after the call made (out.sum()
+    gives an expanded scalar: strides 0), and the CUDA kernel reads rows by TMA (a unit stride
+    along D, 16-byte aligned rows): any other layout is copied first. (q, k and v are the
+    caller's own tensors: their layout is named when it does not fit.)"""
+    if not dout.is_cuda:
+        return dout
+    esize = dout.element_size()
+    fits = (dout.stride(-1) == 1 and dout.data_ptr() % 16 == 0
+            and all(s * esize % 16 == 0 for s in dout.stride()[:-1]))
+    return dout if fits else dout.contiguous()
+
+
 @torch.library.custom_op("flexcp::attention_backward", mutates_args=())
 def _backward(dout: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
               out: torch.Tensor, lse: torch.Tensor, slices: torch.Tensor, seqlen_q: int,
@@ -69,7 +82,8 @@ def _backward(dout: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Ten
     dv = torch.empty_like(v, memory_format=torch.contiguous_format)
     # Without a sink its gradient is an empty tensor (an op returns tensors only).
     dsink = torch.empty_like(sink) if sink is not None else q.new_empty(0, dtype=torch.float32)
-    inputs = (dout.detach(), q.detach(), k.detach(), v.detach(), out, lse)
+    inputs = (_readable_by_the_kernel(dout.detach()), q.detach(), k.detach(), v.detach(), out,
+              lse)
     rest = (dq, dk, dv, scale, softcap, None if sink is None else sink.detach(),
             None if sink is None else dsink, deterministic, _stream(q))
     if plan_id:

@@ -191,3 +191,24 @@ def test_cuda_forward_matches_the_reference():
         naive, _ = reference_attention(q.float(), k.float(), v.float(), dense, sink=s)
         err = (out.cpu().double() - ref).abs().max().item()
         assert err <= 2 * (naive.bfloat16().double() - ref).abs().max().item() + 2e-3
+
+
+@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=needs_cuda)])
+def test_gradients_of_any_layout_are_taken(device):
+    # autograd hands the output's gradient over in the layout the code after the call made:
+    # out.sum() gives an expanded scalar (strides 0), a transpose a permuted one. Each must give
+    # the gradients of the same values in a dense layout.
+    mask = flexcp.masks.varlen_causal([60, 1, 70])
+    q, k, v, _, _ = inputs(31, 131, 131, 4, 2, 64, torch.bfloat16)
+    q, k, v = (t.to(device) for t in (q, k, v))
+
+    def grads(loss_of):
+        xs = [t.clone().requires_grad_() for t in (q, k, v)]
+        out, _ = flexcp.attention(*xs, mask, deterministic=True)  # dQ's bits repeat on CUDA too
+        loss_of(out).backward()
+        return [x.grad for x in xs]
+
+    dense = torch.ones(131, 4, 64, dtype=torch.bfloat16, device=device)
+    for got in (grads(lambda o: o.sum()), grads(lambda o: (o.transpose(0, 1) * 1.0).sum())):
+        for g, w in zip(got, grads(lambda o: (o * dense).sum())):
+            assert torch.equal(g, w)
