@@ -3,7 +3,7 @@ autograd, so that torch.compile(fullgraph=True) traces a model that calls them w
 A custom op's arguments are tensors and numbers: the ops take the mask as an int64 [n, 5] slice
 tensor plus its lengths, and rebuild the validated C++ mask on each call, or, given a plan's id
 (flexcp.AttentionPlan; 0 for none), run that plan."""
-from typing import Optional, Tuple
+from typing import Optional, Tuple, Union
 
 import torch
 
@@ -129,7 +129,7 @@ def _grad(ctx, dout, dlse):
 torch.library.register_autograd("flexcp::attention_forward", _grad, setup_context=_setup_context)
 
 
-def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: Mask,
+def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: Union[Mask, AttentionPlan],
               scale: Optional[float] = None, softcap: float = 0.0,
               sink: Optional[torch.Tensor] = None, deterministic: bool = False):
     """Exact attention over `mask` (docs/masks.md).
@@ -144,7 +144,8 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: Mask,
     not. `scale` defaults to 1/sqrt(D); `softcap` > 0 caps logits at softcap * tanh(s / softcap).
     Under torch.autocast, float32 inputs run in the autocast dtype. Tensors keep their strides:
     nothing is copied to make them contiguous (the CUDA kernel needs a unit stride along D and
-    16-byte aligned rows, and says so when they are not).
+    16-byte aligned rows, and says so when they are not); only the output's gradient, whose
+    layout the caller does not choose, is copied when the kernel cannot read it.
     `deterministic`: the CPU backward is deterministic whatever it says; on CUDA dK, dV and dsink
     are, and dQ is summed in arrival order unless `deterministic` is True, which computes dQ in
     its own q-tile-major pass in a fixed order (the same bits on every run, at 0.9x the speed).
