@@ -479,6 +479,68 @@ TEST(Sm90Backward, APlanBoundOnceRunsBothDirections) {
   EXPECT_LE(test::max_abs_diff(test::as_fp64(dq), test::as_fp64(want.dq)), 2e-2);
 }
 
+// Both directions of a bound plan captured in a CUDA graph (the plan/run contract: running a plan
+// only launches) replay the eager results bit for bit, deterministic mode, with a sink, into
+// outputs poisoned before each replay.
+TEST(Sm90Backward, APlanCapturedInAGraphReplaysBothDirections) {
+  SKIP_WITHOUT_GPU();
+  std::mt19937_64 rng(90);
+  test::KernelCase c{"graph", 1100, 1100, 8, 2, 128};
+  c.sink = true;
+  const Mask mask = masks::varlen_causal({300, 1, 799});
+  const Inputs in = make_inputs(c, rng, /*deterministic=*/true);
+  const DeviceGrads want = run_on_device(c, in, mask);
+
+  const AttentionShape shape{c.tq, c.tk, c.hq, c.hk, c.d, c.dtype, Device::kCuda, 0};
+  AttentionPlan plan(mask, shape);
+  cudaStream_t stream;
+  cuda_ok(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+  void* ws = nullptr;
+  cuda_ok(cudaMalloc(&ws, plan.workspace_bytes()));
+  plan.bind_workspace(ws, plan.workspace_bytes(), stream);
+  const Tensor out(c.dtype, {c.tq, c.hq, c.d}), lse(DType::kFloat32, {c.tq, c.hq});
+  DeviceGrads got = want;
+  {
+    const DeviceCopy q(in.q), k(in.k), v(in.v), dout(in.dout), sink(in.sink);
+    const DeviceCopy o(out, true), l(lse, true), gq(got.dq, true), gk(got.dk, true),
+        gv(got.dv, true), gs(got.dsink, true);
+    AttentionOptions o_dev = in.options;
+    o_dev.sink = sink.view;
+    o_dev.cuda_stream = stream;
+    // The copies above ran on the legacy stream, which a non-blocking stream does not wait for.
+    cuda_ok(cudaDeviceSynchronize());
+    cudaGraph_t graph;
+    cuda_ok(cudaStreamBeginCapture(stream, cudaStreamCaptureModeGlobal));
+    forward(plan, q.view, k.view, v.view, o.view, l.view, o_dev);
+    backward(plan, dout.view, q.view, k.view, v.view, o.view, l.view, gq.view, gk.view, gv.view,
+             o_dev, gs.view);
+    cuda_ok(cudaStreamEndCapture(stream, &graph));
+    cudaGraphExec_t exec;
+    cuda_ok(cudaGraphInstantiate(&exec, graph, 0));
+    for (int replay = 0; replay < 2; ++replay) {
+      const std::pair<const DeviceCopy*, const Tensor*> outputs[] = {
+          {&o, &out},     {&l, &lse},     {&gq, &got.dq},
+          {&gk, &got.dk}, {&gv, &got.dv}, {&gs, &got.dsink}};
+      for (const auto& [device, host] : outputs)  // NaN bits, on the replay's stream
+        cuda_ok(cudaMemsetAsync(device->ptr, 0xff, host->bytes.size(), stream));
+      cuda_ok(cudaGraphLaunch(exec, stream));
+      cuda_ok(cudaStreamSynchronize(stream));
+      gq.copy_to(got.dq);
+      gk.copy_to(got.dk);
+      gv.copy_to(got.dv);
+      gs.copy_to(got.dsink);
+      EXPECT_EQ(got.dq.bytes, want.dq.bytes) << "replay " << replay;
+      EXPECT_EQ(got.dk.bytes, want.dk.bytes) << "replay " << replay;
+      EXPECT_EQ(got.dv.bytes, want.dv.bytes) << "replay " << replay;
+      EXPECT_EQ(got.dsink.bytes, want.dsink.bytes) << "replay " << replay;
+    }
+    cuda_ok(cudaGraphExecDestroy(exec));
+    cuda_ok(cudaGraphDestroy(graph));
+  }
+  cuda_ok(cudaFree(ws));
+  cuda_ok(cudaStreamDestroy(stream));
+}
+
 // The deterministic mode (dQ from its own q-tile-major pass, the main kernel without its dQ
 // product) against the reference on the same cases as the default mode.
 TEST(Sm90Backward, DeterministicMatchesTheReference) {
