@@ -29,7 +29,7 @@ def _mask(slices: torch.Tensor, seqlen_q: int, seqlen_k: int):
 def _plan(plan_id: int, q: torch.Tensor, fn: str):
     """The C++ plan of `plan_id`, noted as used on q's stream."""
     plan = plan_of(plan_id, fn)
-    if q.is_cuda:
+    if q.device == plan.device and q.is_cuda:  # (on another device the C++ side names it)
         plan._used_on(torch.cuda.current_stream(q.device))
     return plan._plan
 
