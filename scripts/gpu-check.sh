@@ -8,6 +8,7 @@
 # The bench's environment passes through (BACKWARD=1, MASKS=..., see bench/gpu_bench.sh);
 # PYTEST=0 leaves out the Python suite (3-4 minutes of a call, for a kernel-only iteration);
 # PYTEST_ARGS picks part of it (e.g. "tests/python/test_plan.py", default the whole suite);
+# PYFRONT=1 adds bench/python_front_bench.py (the Python front's cost around the kernels);
 # SANITIZE=0 leaves out compute-sanitizer (memcheck and racecheck on three small cases, memcheck
 # also on the backward's head units; seconds on 2026-12-04; each must run its tests, not skip them); CTEST=0 leaves out ctest (100 s; for the
 # Python suite or the sanitizers on a tree whose tests have passed in an earlier call).
@@ -53,9 +54,9 @@ fi
 # The Python suite on the CUDA build (the 1M-token backward included): the package's sources beside
 # the module built above, so that the kernels are compiled once.
 t0=$SECONDS
+pkg=$(mktemp -d)
+cp -r python/flexcp "$pkg/" && cp build/gpu/python/_flexcp*.so "$pkg/flexcp/"
 if [[ ${PYTEST:-1} != 0 ]]; then
-  pkg=$(mktemp -d)
-  cp -r python/flexcp "$pkg/" && cp build/gpu/python/_flexcp*.so "$pkg/flexcp/"
   # shellcheck disable=SC2086 # PYTEST_ARGS is a list of words
   PYTHONPATH=$pkg python3 -m pytest -q -rs ${PYTEST_ARGS:-tests/python} > "$out/pytest.log" 2>&1
   prc=$?
@@ -63,6 +64,12 @@ if [[ ${PYTEST:-1} != 0 ]]; then
   echo "pytest: rc $prc, $((SECONDS - t0)) s; $(tail -1 "$out/pytest.log")" >> "$summary"
 else
   echo "pytest: not run (PYTEST=0)" > "$out/pytest.log"
+fi
+# PYFRONT=1: what the PyTorch front costs around the kernels (mask, plan, CUDA graph; ~1 minute).
+if [[ -n ${PYFRONT:-} ]]; then
+  PYTHONPATH=$pkg python3 bench/python_front_bench.py --out "$out/python-front.md" \
+    > "$out/python-front.log" 2>&1 || rc=1
+  echo "python front bench: $((SECONDS - t0)) s (python-front.md)" >> "$summary"
 fi
 
 t0=$SECONDS
