@@ -144,6 +144,39 @@ def test_compile_fullgraph_with_plans_matches_eager():
     torch.testing.assert_close(compiled_x.grad, eager_x.grad, rtol=1e-5, atol=1e-5)
 
 
+def test_a_compiled_step_given_a_new_plan_each_batch_does_not_recompile_each_time():
+    # Packed batches change their documents every step, so a plan is made per batch: the compiled
+    # function must settle on a graph whose plan id is an input, not recompile per batch, and
+    # still run each batch's own plan.
+    graphs = []
+
+    def counting(gm, example_inputs):
+        graphs.append(gm)
+        return gm.forward
+
+    @torch.compile(backend=counting, fullgraph=True)
+    def loss(q, k, v, plan):
+        out, _ = flexcp.attention(q, k, v, plan)
+        return out.square().sum()
+
+    rng = random.Random(8)
+    for batch in range(8):
+        docs = [rng.randint(1, 40) for _ in range(rng.randint(2, 6))]
+        mask = flexcp.masks.varlen_causal(docs)
+        plan = flexcp.AttentionPlan(mask, 4, 2, 16, dtype=torch.float32)
+        q, k, v, _, _ = inputs(batch, mask.seqlen_q, mask.seqlen_k, 4, 2, 16, torch.float32)
+        xs = [t.clone().requires_grad_() for t in (q, k, v)]
+        got = loss(*xs, plan)
+        got.backward()
+        ref = [t.clone().requires_grad_() for t in (q, k, v)]
+        want = flexcp.attention(*ref, mask)[0].square().sum()  # eager, over the mask
+        want.backward()
+        torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
+        for x, r in zip(xs, ref):
+            torch.testing.assert_close(x.grad, r.grad, rtol=1e-5, atol=1e-5)
+    assert len(graphs) <= 3, f"{len(graphs)} compilations for 8 plans"
+
+
 def test_the_ops_pass_torch_library_checks_with_a_plan():
     mask = flexcp.masks.causal(33)
     plan = flexcp.AttentionPlan(mask, 4, 2, 16, dtype=torch.float32)
