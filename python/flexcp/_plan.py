@@ -41,9 +41,9 @@ class AttentionPlan:
     seqlen_q x heads_q x head_dim) is allocated once through torch's allocator and written on the
     current stream (no host wait: a mask that changes every batch is planned every batch); a call
     on another stream first waits for that on the device. A plan runs one call at a time, in
-    stream order: layers sharing it on one stream (autograd runs each
-    backward on its forward's stream) are fine; calls on two streams at once need two plans. A
-    captured graph reads the workspace when it replays: keep the plan while the graph lives.
+    stream order: layers sharing it on one stream (autograd runs each backward on its forward's
+    stream) are fine; calls on two streams at once need two plans. A captured graph reads the
+    workspace when it replays: keep the plan while the graph lives.
     """
 
     def __init__(self, mask, heads_q, heads_kv, head_dim, dtype=torch.bfloat16, device="cpu",
