@@ -2,6 +2,7 @@
 and computes; this file gives it a communicator made of a gloo group's point-to-point and
 collective calls on host memory (on which the C++ side builds, for CUDA tensors, its own NCCL
 communicator or the staged backend), and the autograd of the distributed calls."""
+import copy
 import ctypes
 import os
 import sys
@@ -154,6 +155,9 @@ class DistAttention:
     for ranks sharing a GPU, a test path, not a fast one). Calls are ordered on torch's current
     CUDA stream.
 
+    A packed batch's mask changes every step: `attn.replan(next_mask)` plans it over the same
+    communicators (made once, at the first call on each device).
+
     With keep_stats=True the object keeps the last call's context (its K/V columns stay allocated
     until the next call), so that last_stats() can say what it moved and where it waited.
     """
@@ -166,7 +170,6 @@ class DistAttention:
         if not dist.is_initialized():
             raise RuntimeError("flexcp.DistAttention: torch.distributed is not initialised "
                                "(torch.distributed.init_process_group first)")
-        self.mask = mask
         fn = "flexcp.DistAttention"
         self.heads_q, self.heads_kv, self.head_dim = (
             integer(fn, "heads_q", heads_q), integer(fn, "heads_kv", heads_kv),
@@ -176,9 +179,19 @@ class DistAttention:
         self._host_group = _host_group_for(group, host_group, self._group_on_nccl)
         self._plan_args = (integer(fn, "chunk_size", chunk_size),
                            integer(fn, "chunks_per_rank", chunks_per_rank))
+        self._keep_stats = bool(keep_stats)
+        self.rank = dist.get_rank(group)
+        self.world_size = dist.get_world_size(group)
+        # The group's communicators, one set per device, shared with every replan() of this.
+        self._comms = {}
+        self._plan_mask(mask)
+
+    def _plan_mask(self, mask):
+        """What belongs to the mask: its plans (one per dtype and device, made on first use) and
+        the dispatch."""
+        self.mask = mask
         self._impls = {}
         self._rolls = {}
-        self._keep_stats = bool(keep_stats)
         self._last_context = None
         # The dispatch is the same for every dtype: plan once to know it.
         first = self._impl_for(torch.float32)
@@ -186,8 +199,19 @@ class DistAttention:
         self.kv_token_ids = torch.tensor(first.kv_token_ids(), dtype=torch.int64)
         self._token_rank = torch.tensor(first.token_ranks(), dtype=torch.int64)
         self._token_row = torch.tensor(first.token_local_rows(), dtype=torch.int64)
-        self.rank = dist.get_rank(group)
-        self.world_size = dist.get_world_size(group)
+
+    def replan(self, mask):
+        """A DistAttention for another mask (of any length) over the same group, sizes and
+        options, sharing this one's communicators: a packed batch's documents change every step,
+        and making communicators (an NCCL communicator, a gloo group) does not belong in a step.
+        Collective, like the constructor; both objects stay usable, in the same order on every
+        rank."""
+        if not isinstance(mask, Mask):
+            raise ValueError(f"flexcp.DistAttention.replan: mask must be a flexcp.Mask, "
+                             f"got {type(mask).__name__}")
+        other = copy.copy(self)  # the group, sizes, options and the communicators' dict
+        other._plan_mask(mask)
+        return other
 
     def _impl_for(self, dtype, device=torch.device("cpu")):
         """The C++ object for one dtype on one device (planned on first use, collectively: every
@@ -202,12 +226,15 @@ class DistAttention:
             index = device.index if device.index is not None else torch.cuda.current_device()
         key = (dtype, device.type, index)
         if key not in self._impls:
-            backend = "" if device.type == "cpu" else \
-                "nccl" if self._group_on_nccl else "staged"
+            if (device.type, index) not in self._comms:
+                backend = "" if device.type == "cpu" else \
+                    "nccl" if self._group_on_nccl else "staged"
+                self._comms[(device.type, index)] = _flexcp.DistComm(
+                    _GroupComm(self._host_group), device.type, index, backend)
             self._impls[key] = _flexcp.DistAttention(
-                self.mask._mask, _GroupComm(self._host_group), self.heads_q, self.heads_kv,
+                self.mask._mask, self._comms[(device.type, index)], self.heads_q, self.heads_kv,
                 self.head_dim, _DTYPES[dtype], *self._plan_args, device=device.type,
-                device_index=index, backend=backend)
+                device_index=index)
         return self._impls[key]
 
     def __call__(self, q, k, v, scale=None, softcap=0.0, sink=None):

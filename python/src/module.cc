@@ -258,12 +258,18 @@ class PyCommunicator final : public Communicator {
   int rank_ = 0, size_ = 1;
 };
 
-// DistAttention over a Python communicator (which it owns, so that it outlives the plan). On
-// device tensors, over a device communicator built on it: flexcp's NCCL (its unique id gathered
-// over the Python one) or the staged backend (device buffers through host memory over it).
-struct PyDistAttention {
+// The communicators of a group on one device, which any number of DistAttentions share (a
+// packed batch's mask changes every step; communicators are made once): the Python one and, for
+// device tensors, one built on it: flexcp's NCCL (its unique id gathered over the Python one) or
+// the staged backend (device buffers through host memory over it).
+struct PyDistComm {
   std::unique_ptr<PyCommunicator> comm;
   std::unique_ptr<Communicator> device_comm;
+  Communicator& for_tensors() { return device_comm ? *device_comm : *comm; }
+};
+
+// DistAttention over a PyDistComm, which the binding keeps alive as long as the plan.
+struct PyDistAttention {
   std::unique_ptr<DistAttention> attn;
 };
 
@@ -487,34 +493,46 @@ NB_MODULE(_flexcp, m) {
         return d;
       });
 
-  // DistAttention on one rank, over a Python communicator (flexcp._dist). Collective calls.
+  // A group's communicators on one device (flexcp._dist keeps one per device and shares it).
+  nb::class_<PyDistComm>(m, "DistComm")
+      .def(
+          "__init__",
+          [](PyDistComm* self, nb::object comm, const std::string& device, int device_index,
+             const std::string& backend) {
+            const char* fn = "flexcp.DistAttention";
+            new (self) PyDistComm();
+            self->comm = std::make_unique<PyCommunicator>(std::move(comm));
+            if (device_of(device, fn) == Device::kCuda)
+              self->device_comm = device_communicator(*self->comm, backend, device_index, fn);
+          },
+          nb::arg("comm"), nb::arg("device") = "cpu", nb::arg("device_index") = 0,
+          nb::arg("backend") = "");
+
+  // DistAttention on one rank, over a group's communicators (flexcp._dist). Collective calls.
   nb::class_<PyDistAttention>(m, "DistAttention")
       .def(
           "__init__",
-          [](PyDistAttention* self, const Mask& mask, nb::object comm, std::int64_t heads_q,
+          [](PyDistAttention* self, const Mask& mask, PyDistComm& comm, std::int64_t heads_q,
              std::int64_t heads_kv, std::int64_t head_dim, const std::string& dtype,
              std::int64_t chunk_size, std::int64_t chunks_per_rank, const std::string& device,
-             int device_index, const std::string& backend) {
+             int device_index) {
             const char* fn = "flexcp.DistAttention";
             new (self) PyDistAttention();
-            self->comm = std::make_unique<PyCommunicator>(std::move(comm));
             DistAttentionOptions o;
             o.plan.chunk_size = chunk_size;
             o.plan.chunks_per_rank = chunks_per_rank;
             o.plan.device = device_of(device, fn);
             o.plan.device_index = device_index;
-            Communicator* c = self->comm.get();
-            if (o.plan.device == Device::kCuda) {
-              self->device_comm = device_communicator(*self->comm, backend, device_index, fn);
-              c = self->device_comm.get();
-            }
-            self->attn = std::make_unique<DistAttention>(mask, *c, heads_q, heads_kv, head_dim,
-                                                         parse_dtype(dtype), o);
+            if ((o.plan.device == Device::kCuda) != (comm.device_comm != nullptr))
+              bad(std::string(fn) + ": the communicators are for another device than '" + device +
+                  "'");
+            self->attn = std::make_unique<DistAttention>(mask, comm.for_tensors(), heads_q,
+                                                         heads_kv, head_dim, parse_dtype(dtype), o);
           },
-          nb::arg("mask"), nb::arg("comm"), nb::arg("heads_q"), nb::arg("heads_kv"),
-          nb::arg("head_dim"), nb::arg("dtype"), nb::arg("chunk_size") = 0,
-          nb::arg("chunks_per_rank") = 0, nb::arg("device") = "cpu", nb::arg("device_index") = 0,
-          nb::arg("backend") = "")
+          // The communicators outlive every plan made over them.
+          nb::keep_alive<1, 3>(), nb::arg("mask"), nb::arg("comm"), nb::arg("heads_q"),
+          nb::arg("heads_kv"), nb::arg("head_dim"), nb::arg("dtype"), nb::arg("chunk_size") = 0,
+          nb::arg("chunks_per_rank") = 0, nb::arg("device") = "cpu", nb::arg("device_index") = 0)
       .def("local_q_tokens", [](const PyDistAttention& d) { return d.attn->local_q_tokens(); })
       .def("local_k_tokens", [](const PyDistAttention& d) { return d.attn->local_k_tokens(); })
       .def("position_ids", [](const PyDistAttention& d) { return d.attn->position_ids(); })

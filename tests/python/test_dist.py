@@ -126,6 +126,19 @@ def check_roll(attn, t):
                        torch.roll(attn.undispatch(w), -3, 0))
 
 
+def check_replan(attn, mask, t, dtype=torch.float32, d=D, device="cpu"):
+    """The next batch's mask (another length, other documents) over the same communicators; the
+    first object keeps working beside it."""
+    mask2 = flexcp.masks.varlen_causal([41, 300, 7, 150])
+    attn2 = attn.replan(mask2)
+    assert attn2._comms is attn._comms and (attn2.mask, attn.mask) == (mask2, mask)
+    assert int(attn2.position_ids.max()) < mask2.seqlen_q < mask.seqlen_q
+    check_layers(attn2, mask2, mask2.seqlen_q, dtype, [1, 0], with_sink=True, d=d, device=device)
+    check_layers(attn, mask, t, dtype, [0], with_sink=False, d=d, device=device)
+    with pytest.raises(ValueError, match="replan: mask must be a flexcp.Mask, got str"):
+        attn.replan("causal")
+
+
 def check_calls_return_after_gloo_lets_go():
     """flexcp's gloo calls return only once gloo's worker thread dropped the call's tensors (under
     torch 2.15 a worker doing so at interpreter exit aborts the process): the tensor's reference
@@ -162,6 +175,7 @@ def worker(rank, world, init_file):
         check_layers(attn, mask, t, torch.bfloat16, [0, 2, 1], with_sink=False)
         check_stats(mask, t, torch.float32)
         check_roll(attn, t)
+        check_replan(attn, mask, t)
         check_calls_return_after_gloo_lets_go()
         # Bad input is named, on every rank alike.
         lq, lk = attn.position_ids.shape[0], attn.kv_token_ids.shape[0]
@@ -193,6 +207,8 @@ def worker(rank, world, init_file):
         if world > 1:
             with pytest.raises(RuntimeError, match="differ from rank 0's"):
                 flexcp.DistAttention(other, HQ, HK, D)
+            with pytest.raises(RuntimeError, match="differ from rank 0's"):
+                attn.replan(other)
     finally:
         # Right after a collective (the mismatched plan's check), as in user code: under torch
         # 2.4 this deadlocked on gloo's worker thread until flexcp's collectives waited for it to
@@ -220,6 +236,7 @@ def cuda_worker(rank, world, backend, init_file):
         # The sm90 kernels (bf16, head dim 64): two layers, backwards in reverse order.
         check_layers(attn, mask, t, torch.bfloat16, [1, 0], with_sink=True, d=64, device="cuda")
         check_stats(mask, t, torch.bfloat16, d=64, device="cuda")
+        check_replan(attn, mask, t, torch.bfloat16, d=64, device="cuda")
         y = torch.randn(t, 3, generator=g).cuda()
         assert torch.equal(attn.undispatch(attn.roll(attn.dispatch(y), 5)), torch.roll(y, 5, 0))
         lq, lk = attn.position_ids.shape[0], attn.kv_token_ids.shape[0]

@@ -90,12 +90,16 @@ class _OneRank:
 def test_a_distributed_device_or_backend_that_does_not_exist_is_named():
     mask = flexcp.masks.causal(64, 64)
     with pytest.raises(ValueError, match="device is 'tpu', expected 'cpu' or 'cuda'"):
-        flexcp._flexcp.DistAttention(mask._mask, _OneRank(), 4, 2, 64, "bf16", device="tpu")
+        flexcp._flexcp.DistComm(_OneRank(), device="tpu")
+    host = flexcp._flexcp.DistComm(_OneRank())
+    with pytest.raises(ValueError, match="device is 'tpu', expected 'cpu' or 'cuda'"):
+        flexcp._flexcp.DistAttention(mask._mask, host, 4, 2, 64, "bf16", device="tpu")
+    # A plan for device tensors over host communicators (or the reverse) is named.
+    with pytest.raises(ValueError, match="communicators are for another device than 'cuda'"):
+        flexcp._flexcp.DistAttention(mask._mask, host, 4, 2, 64, "bf16", device="cuda")
     if flexcp._flexcp.built_with_cuda():
         with pytest.raises(ValueError, match="backend is 'gloo', expected 'nccl' or 'staged'"):
-            flexcp._flexcp.DistAttention(mask._mask, _OneRank(), 4, 2, 64, "bf16",
-                                         device="cuda", backend="gloo")
+            flexcp._flexcp.DistComm(_OneRank(), device="cuda", backend="gloo")
     else:  # the CUDA communicators are not in this build: said, not a crash
         with pytest.raises(RuntimeError, match="not compiled"):
-            flexcp._flexcp.DistAttention(mask._mask, _OneRank(), 4, 2, 64, "bf16",
-                                         device="cuda", backend="nccl")
+            flexcp._flexcp.DistComm(_OneRank(), device="cuda", backend="nccl")
