@@ -12,10 +12,10 @@ seconds=${1:-20}
 out=build/sanitize
 [[ -f $out/build.ninja ]] || cmake --preset sanitize > /dev/null
 mkdir -p $out
-cmake --build $out --target fuzz_mask_json fuzz_npy fuzz_plan fuzz_cli_args \
+cmake --build $out --target fuzz_mask_json fuzz_npy fuzz_plan fuzz_row_runs fuzz_cli_args \
   > $out/fuzz-build.log 2>&1 || { grep -E -A12 "FAILED|error" $out/fuzz-build.log | head -60; exit 1; }
 mkdir -p $out/crashes
-for target in mask_json npy plan cli_args; do
+for target in mask_json npy plan row_runs cli_args; do
   work=$out/corpus/$target
   mkdir -p "$work"
   if ! $out/fuzz/fuzz_$target -max_total_time="$seconds" -timeout=10 -rss_limit_mb=4096 \

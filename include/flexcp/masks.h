@@ -46,6 +46,31 @@ FLEXCP_API Mask prefix_lm(const Lengths& doc_lens, const Lengths& prefix_lens);
 // One causal prompt followed by answers; each answer sees the prompt and itself (causally).
 FLEXCP_API Mask shared_question(std::int64_t question_len, const Lengths& answer_lens);
 
+// Any mask given row by row, as runs of attended keys: each run attends keys [begin, end) from
+// query `row`. Runs come sorted by row, then by key; runs of one row may touch (they are joined)
+// but not overlap; an empty run is an error. The rows become as few slices as one pass finds:
+// consecutive rows whose runs' two ends each stay put or move one key on become one slice
+// (full, causal, inv_causal or bi_causal), so a mask written as a predicate (FlexAttention's
+// mask_mod) comes back as the slices its builder would give. The result attends exactly the
+// pairs given. Errors name the run, its values and what was expected.
+struct RowRun {
+  std::int64_t row = 0;
+  std::int64_t begin = 0;
+  std::int64_t end = 0;
+};
+FLEXCP_API Mask from_row_runs(std::int64_t seqlen_q, std::int64_t seqlen_k,
+                              const std::vector<RowRun>& runs);
+
+// A dense row-major seqlen_q x seqlen_k matrix of bytes, nonzero where (q, k) is attended. Costs
+// one read of every entry: for masks small enough to hold densely.
+FLEXCP_API Mask from_dense(std::int64_t seqlen_q, std::int64_t seqlen_k,
+                           const std::uint8_t* attended);
+
+// The document of each of the max(seqlen_q, seqlen_k) tokens, numbered 0, 1, ... in order: a
+// new document starts at token i when no attended pair (q, k) has one of q, k before i and the
+// other at or after it. Read from the pairs, not from how the slices are drawn.
+FLEXCP_API std::vector<std::int64_t> document_ids(const Mask& mask);
+
 // Reads one positive document length per line (blank lines and '#' comments ignored).
 FLEXCP_API Lengths read_lengths_file(const std::string& path);
 // Packs documents from `lengths`, cycling through the list, until `total` tokens; each is capped

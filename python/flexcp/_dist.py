@@ -298,7 +298,7 @@ class DistAttention:
         src = pos - shift
         valid = torch.ones_like(pos, dtype=torch.bool)
         if within_documents:
-            doc = _document_ids(self.mask)
+            doc = self.mask.document_ids()
             valid = (src >= 0) & (src < t)
             src_c = src.clamp(0, t - 1)
             valid &= doc[src_c] == doc[pos]
@@ -319,7 +319,7 @@ class DistAttention:
             r_src = every_pos[r] - shift
             r_valid = torch.ones_like(r_src, dtype=torch.bool)
             if within_documents:
-                doc = _document_ids(self.mask)
+                doc = self.mask.document_ids()
                 r_valid = (r_src >= 0) & (r_src < t)
                 r_valid &= doc[r_src.clamp(0, t - 1)] == doc[every_pos[r]]
             r_src = r_src.remainder(t)
@@ -354,21 +354,6 @@ def _host_group_for(group, host_group, on_nccl):
     ranks = list(range(dist.get_world_size())) if group is None else \
         [dist.get_global_rank(group, r) for r in range(dist.get_world_size(group))]
     return dist.new_group(ranks, backend="gloo")
-
-
-def _document_ids(mask):
-    """Document of each token: a boundary is an index no slice's q or k range straddles."""
-    t = max(mask.seqlen_q, mask.seqlen_k)
-    straddled = torch.zeros(t + 1, dtype=torch.int64)
-    for q0, q1, k0, k1, _ in mask.slices:
-        for a, b in ((q0, q1), (k0, k1)):
-            if b - a > 1:
-                straddled[a + 1] += 1
-                straddled[b] -= 1
-    inside = torch.cumsum(straddled, 0)[:t] > 0  # index i is straddled: no boundary at i
-    boundary = ~inside
-    boundary[0] = True
-    return torch.cumsum(boundary.to(torch.int64), 0) - 1
 
 
 class _DistForward(torch.autograd.Function):

@@ -82,6 +82,13 @@ class Mask:
     def attends(self, q, k):
         return self._mask.attends(q, k)
 
+    def document_ids(self):
+        """The document of each of the max(seqlen_q, seqlen_k) tokens (int64, numbered from 0
+        in order): a new one starts at token i when no attended pair (q, k) has one end before i
+        and the other at or after it. Read from the pairs, however the slices are drawn: e.g. for
+        position ids that restart in every document."""
+        return torch.tensor(_flexcp.masks.document_ids(self._mask), dtype=torch.int64)
+
     @property
     def seqlen_q(self):
         return self._seqlen_q

@@ -3,10 +3,11 @@ Document lengths are any sequence of ints (a list, a tuple, a 1-D integer tensor
 from . import _flexcp
 from ._args import integer, integers
 from ._mask import Mask
+from ._predicate import from_block_mask, from_dense, from_mask_mod
 
 __all__ = ["full", "causal", "batch", "varlen", "varlen_full", "varlen_causal",
            "from_cu_seqlens", "sliding_window", "block_causal", "prefix_lm", "shared_question",
-           "pack_lengths", "read_lengths_file"]
+           "pack_lengths", "read_lengths_file", "from_dense", "from_mask_mod", "from_block_mask"]
 
 
 def _ints(name, values):

@@ -298,6 +298,7 @@ NB_MODULE(_flexcp, m) {
   m.doc() = "flexcp's compiled core (use the flexcp package)";
   m.def("version", [] { return std::string(version()); });
   m.def("built_with_cuda", &built_with_cuda);
+  m.attr("max_seqlen") = kMaxSeqlen;
 
   // C++ errors: bad arguments are ValueError, everything else RuntimeError, with the message.
   nb::register_exception_translator([](const std::exception_ptr& p, void*) {
@@ -369,6 +370,19 @@ NB_MODULE(_flexcp, m) {
   mk.def("prefix_lm", &masks::prefix_lm, nb::arg("doc_lens"), nb::arg("prefix_lens"));
   mk.def("shared_question", &masks::shared_question, nb::arg("question_len"),
          nb::arg("answer_lens"));
+  // Runs of attended keys as an int64 [n, 3] array (row, begin, end): what flexcp.masks.from_dense
+  // and from_mask_mod extract, on any device, from a boolean matrix.
+  mk.def(
+      "from_row_runs",
+      [](std::int64_t seqlen_q, std::int64_t seqlen_k,
+         const nb::ndarray<nb::ro, std::int64_t, nb::shape<-1, 3>, nb::device::cpu>& a) {
+        std::vector<masks::RowRun> runs(a.shape(0));
+        const auto v = a.view();
+        for (std::size_t i = 0; i < runs.size(); ++i) runs[i] = {v(i, 0), v(i, 1), v(i, 2)};
+        return masks::from_row_runs(seqlen_q, seqlen_k, runs);
+      },
+      nb::arg("seqlen_q"), nb::arg("seqlen_k"), nb::arg("runs"));
+  mk.def("document_ids", &masks::document_ids, nb::arg("mask"));
   mk.def("read_lengths_file", &masks::read_lengths_file, nb::arg("path"));
   mk.def("pack_lengths", &masks::pack_lengths, nb::arg("lengths"), nb::arg("total"),
          nb::arg("max_len"));

@@ -167,5 +167,44 @@ TEST(Masks, PackLengthsCapsAndFillsExactly) {
   EXPECT_EQ(packed[2], 1000);
 }
 
+// document_ids against its definition, pair by pair: a document starts at i when no attended
+// pair has one end before i and the other at or after it.
+TEST(Masks, DocumentIdsFollowTheAttendedPairs) {
+  std::mt19937_64 rng(23);
+  auto expect_documents = [](const Mask& m) {
+    const std::int64_t t = std::max(m.seqlen_q(), m.seqlen_k());
+    const auto pairs = test::enumerate_pairs(m.slices(), m.seqlen_q(), m.seqlen_k());
+    std::vector<std::int64_t> want(static_cast<std::size_t>(t), 0);
+    for (std::int64_t i = 1; i < t; ++i) {
+      bool crossed = false;
+      for (std::int64_t q = 0; q < m.seqlen_q() && !crossed; ++q)
+        for (std::int64_t k = 0; k < m.seqlen_k() && !crossed; ++k)
+          crossed = pairs[q * m.seqlen_k() + k] && std::min(q, k) < i && i <= std::max(q, k);
+      want[i] = want[i - 1] + (crossed ? 0 : 1);
+    }
+    EXPECT_EQ(masks::document_ids(m), want);
+  };
+  for (int trial = 0; trial < 200; ++trial) {
+    SCOPED_TRACE("trial " + std::to_string(trial));
+    const std::int64_t tq = std::uniform_int_distribution<std::int64_t>(0, 20)(rng);
+    const std::int64_t tk = std::uniform_int_distribution<std::int64_t>(0, 20)(rng);
+    expect_documents(test::random_mask(rng, tq, tk));
+  }
+  // The same pairs drawn two ways give the same documents: one-token causal documents and a
+  // diagonal band.
+  const std::vector<std::int64_t> each_its_own = {0, 1, 2, 3, 4};
+  EXPECT_EQ(masks::document_ids(masks::varlen_causal({1, 1, 1, 1, 1})), each_its_own);
+  EXPECT_EQ(masks::document_ids(Mask(5, 5, {{{0, 5}, {0, 5}, MaskType::kBiCausal}})), each_its_own);
+  EXPECT_EQ(masks::document_ids(masks::varlen_causal({3, 1, 2})),
+            (std::vector<std::int64_t>{0, 0, 0, 1, 2, 2}));
+  EXPECT_EQ(masks::document_ids(masks::full(3, 3)), (std::vector<std::int64_t>{0, 0, 0}));
+  EXPECT_EQ(masks::document_ids(masks::full(0, 0)).size(), 0u);
+  for (int trial = 0; trial < 50; ++trial) {
+    expect_documents(masks::varlen(random_lengths(rng), static_cast<MaskType>(rng() % 4)));
+    expect_documents(
+        masks::sliding_window(random_lengths(rng), 1 + rng() % 4, masks::WindowKind::kSymmetric));
+  }
+}
+
 }  // namespace
 }  // namespace flexcp

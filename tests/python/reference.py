@@ -21,6 +21,17 @@ def dense_mask(mask):
     return m
 
 
+def document_ids(dense):
+    """The document of each token by the definition (docs/api.md, Mask.document_ids): a new one
+    starts at i when no attended pair (q, k) has min(q, k) < i <= max(q, k)."""
+    q, k = dense.nonzero(as_tuple=True)
+    low, high = torch.minimum(q, k), torch.maximum(q, k)
+    ids = [0]
+    for i in range(1, max(dense.shape)):
+        ids.append(ids[-1] + int(not ((low < i) & (i <= high)).any()))
+    return torch.tensor(ids[:max(dense.shape)], dtype=torch.int64)
+
+
 def attention(q, k, v, dense, scale=None, softcap=0.0, sink=None):
     """out [Tq, Hq, D] and lse [Tq, Hq] by the definition, in q's dtype's arithmetic (float64 for
     the reference, float32 for the naive yardstick). Rows that attend nothing give 0 and -inf."""

@@ -14,6 +14,7 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 
 import flexcp
+from reference import dense_mask, document_ids
 
 HQ, HK, D = 4, 2, 16
 
@@ -106,7 +107,7 @@ def check_roll(attn, t):
     x = torch.randn(t, 3, 2, generator=g)
     local = attn.dispatch(x)
     chunk = t // (attn.world_size * 8)
-    docs = flexcp._dist._document_ids(attn.mask)
+    docs = document_ids(dense_mask(attn.mask))
     for shift in (0, 1, -1, chunk, -chunk, t + 7, -3 * t - 2):
         y = attn.undispatch(attn.roll(local, shift))
         assert torch.equal(y, torch.roll(x, shift, 0)), shift

@@ -3,12 +3,13 @@ the builders in FlashAttention's cu_seqlens convention."""
 import copy
 import json
 import pickle
+import random
 
 import pytest
 import torch
 
 import flexcp
-from reference import dense_mask
+from reference import dense_mask, document_ids, random_mask_slices
 
 
 def test_slices_json_and_area():
@@ -142,3 +143,18 @@ def test_an_unpickled_mask_is_validated_again():
     array[0, 1] = 11  # past seqlen_q: what a corrupted pickle would carry
     with pytest.raises(ValueError, match="10"):
         reduce(array, seqlen_q, seqlen_k)
+
+
+def test_document_ids_follow_the_attended_pairs():
+    rng = random.Random(8)
+    for trial in range(40):
+        tq, tk = rng.randint(0, 30), rng.randint(0, 30)
+        mask = flexcp.Mask(random_mask_slices(rng, tq, tk), tq, tk)
+        assert torch.equal(mask.document_ids(), document_ids(dense_mask(mask))), trial
+    lengths = [rng.randint(1, 9) for _ in range(30)]
+    for mask in (flexcp.masks.varlen_causal(lengths), flexcp.masks.sliding_window(lengths, 2),
+                 flexcp.masks.varlen(lengths, "inv_causal")):
+        assert torch.equal(mask.document_ids(), document_ids(dense_mask(mask)))
+    # Drawn differently, the same pairs: a diagonal band is one-token documents.
+    diagonal = flexcp.Mask([(0, 5, 0, 5, "bi_causal")], 5)
+    assert diagonal.document_ids().tolist() == [0, 1, 2, 3, 4]
