@@ -4,7 +4,10 @@ and the plan's training step (forward and backward) captured in a CUDA graph, ea
 gpu_attention_bench.py times every peer (back-to-back calls between CUDA events, after a warm-up
 that meets the power limit), with the host's own time per call (what the Python thread spends
 issuing one, the GPU not waited for) beside it. Short sequences show the host's share; long ones
-should be level. GQA 64:8, head dim 128, bf16.
+should be level. GQA 64:8, head dim 128, bf16. Then what a mask costs to make: flexcp's builder
+and its plan beside flexcp.masks.from_mask_mod on the GPU, FlexAttention's create_block_mask
+(eager and compiled) for the same document-causal mask_mod, and flexcp.masks.from_block_mask of
+the compiled one's BlockMask (wall milliseconds, GPU drained).
 
     python3 bench/python_front_bench.py [--lengths 1024 4096 32768] [--out FILE]
     (flexcp importable: the package beside the CUDA build's module, as scripts/gpu-check.sh does)
@@ -63,6 +66,57 @@ def step_graph(plan, q, k, v, dout):
     return graph.replay
 
 
+def wall_ms(fn, repeat=3):
+    """Median wall milliseconds of fn() as text, the GPU drained before and after ("oom" when it
+    runs out of GPU memory: FlexAttention's eager create_block_mask holds the whole matrix)."""
+    samples = []
+    for _ in range(repeat):
+        torch.cuda.synchronize()
+        start = time.perf_counter()
+        try:
+            fn()
+        except torch.cuda.OutOfMemoryError:
+            torch.cuda.empty_cache()
+            return "oom"
+        torch.cuda.synchronize()
+        samples.append((time.perf_counter() - start) * 1e3)
+    return f"{statistics.median(samples):.2f}"
+
+
+def mask_building_lines(lengths):
+    from torch.nn.attention.flex_attention import create_block_mask
+    lines = ["| T | builder | + plan | from_mask_mod (cuda) | Flex create_block_mask | "
+             "compiled | from_block_mask | slices: builder / from_mask_mod |",
+             "|---|---|---|---|---|---|---|---|"]
+    for t in lengths:
+        rng = random.Random(t)
+        lens = flexcp.masks.pack_lengths([rng.randint(64, max(65, t // 4)) for _ in range(64)],
+                                         t, t // 4)
+        doc = torch.repeat_interleave(torch.arange(len(lens)), torch.tensor(lens)).cuda()
+
+        def document_causal(b, h, q, k):
+            return (doc[q] == doc[k]) & (q >= k)
+
+        built = flexcp.masks.varlen_causal(lens)
+        found = flexcp.masks.from_mask_mod(document_causal, t, device="cuda")
+        block_mask = create_block_mask(document_causal, None, None, t, t, device="cuda",
+                                       _compile=True)
+        assert flexcp.masks.from_block_mask(block_mask).slices == found.slices
+        ms = [wall_ms(lambda: flexcp.masks.varlen_causal(lens)),
+              wall_ms(lambda: flexcp.AttentionPlan(built, HEADS, HEADS_KV, HEAD_DIM,
+                                                   device="cuda")),
+              wall_ms(lambda: flexcp.masks.from_mask_mod(document_causal, t, device="cuda")),
+              wall_ms(lambda: create_block_mask(document_causal, None, None, t, t,
+                                                device="cuda")),
+              wall_ms(lambda: create_block_mask(document_causal, None, None, t, t,
+                                                device="cuda", _compile=True)),
+              wall_ms(lambda: flexcp.masks.from_block_mask(block_mask))]
+        lines.append(f"| {t} | " + " | ".join(ms) +
+                     f" | {len(built.slices)} / {len(found.slices)} |")
+        print(lines[-1], flush=True)
+    return lines
+
+
 def main():
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--lengths", type=int, nargs="+", default=[1024, 4096, 32768])
@@ -96,6 +150,8 @@ def main():
                          f"{host[0]:.0f} / {host[1]:.0f} |")
             print(lines[-1], flush=True)
             del plan
+    lines += ["", "What a document-causal mask costs to make (wall milliseconds, medians of 3):", ""]
+    lines += mask_building_lines(sorted(set(a.lengths) | {131072}))
     table = "\n".join(["(milliseconds per call, medians)", ""] + lines)
     print(table)
     if a.out:

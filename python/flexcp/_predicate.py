@@ -5,10 +5,12 @@ each row's runs of attended keys come back to the host as (row, begin, end), and
 (flexcp::masks::from_row_runs) joins the runs of consecutive rows into the fewest slices whose
 ends move by 0 or 1 per row. The result attends exactly the given pairs."""
 import torch
+import torch.distributed as dist
 import torch.utils._pytree as pytree
 
 from . import _flexcp
 from ._args import integer
+from ._dist import _collective
 from ._mask import Mask
 
 # Entries of the boolean matrix evaluated at once: the mask_mod's temporaries are a few times
@@ -21,13 +23,20 @@ _BLOCK_ENTRIES = {"cpu": 1 << 22, "cuda": 1 << 26}
 # slice per key, far slower than any dense kernel. Refused before it fills the host's memory.
 _RUNS_PER_ROW = 16
 _MIN_RUN_LIMIT = 1 << 20
+_NOT_RANGES = ("this mask is not made of ranges of keys (a strided or random pattern?), and as "
+               "slices it would need about one per run; raise max_runs to build it anyway")
+
+
+def _edges(attended: torch.Tensor):
+    """Where each run of True along the last dimension starts and ends (one past), as the
+    indices of nonzero(): every dimension, the last one's the run's start / end."""
+    edges = torch.nn.functional.pad(attended.to(torch.int8), (1, 1)).diff(dim=-1)
+    return (edges == 1).nonzero(), (edges == -1).nonzero()
 
 
 def _runs(attended: torch.Tensor, first_row: int, first_col: int) -> torch.Tensor:
     """(row, begin, end) of each run of True in a [rows, keys] boolean block, row-major."""
-    edges = torch.nn.functional.pad(attended.to(torch.int8), (1, 1)).diff(dim=1)
-    starts = (edges == 1).nonzero()
-    ends = (edges == -1).nonzero()
+    starts, ends = _edges(attended)
     return torch.stack([starts[:, 0] + first_row, starts[:, 1] + first_col,
                         ends[:, 1] + first_col], dim=1).cpu()
 
@@ -40,20 +49,60 @@ class _RunCollector:
         self.parts, self.count = [], 0
 
     def add(self, attended, first_row, first_col=0):
-        runs = _runs(attended, first_row, first_col)
+        self.add_runs(_runs(attended, first_row, first_col))
+
+    def add_runs(self, runs):
+        """(row, begin, end) rows on the host, after every run added so far in (row, begin)."""
+        first_row = int(runs[-1, 0]) if runs.shape[0] else 0
         self.count += runs.shape[0]
         if self.count > self.max_runs:
             raise ValueError(
                 f"{self.fn}: more than {self.max_runs} runs of attended keys by row "
-                f"{first_row + attended.shape[0]} of {self.seqlen_q} (max_runs): this mask is not "
-                "made of ranges of keys (a strided or random pattern?), and as slices it would "
-                "need about one per run; raise max_runs to build it anyway")
+                f"{first_row + 1} of {self.seqlen_q} (max_runs): {_NOT_RANGES}")
         self.parts.append(runs)
 
-    def mask(self):
-        runs = torch.cat(self.parts) if self.parts else torch.zeros(0, 3, dtype=torch.int64)
+    def runs(self):
+        return torch.cat(self.parts) if self.parts else torch.zeros(0, 3, dtype=torch.int64)
+
+    def mask(self, runs=None):
+        runs = self.runs() if runs is None else runs
         return Mask._of(_flexcp.masks.from_row_runs(self.seqlen_q, self.seqlen_k,
                                                     runs.contiguous().numpy()))
+
+    def gathered(self, group, failure, arguments):
+        """Every rank's runs, in rank order, on every rank of `group`; raises on every rank when
+        any rank failed, or was called with other arguments, or all runs pass max_runs."""
+        on = torch.device("cuda", torch.cuda.current_device()) \
+            if dist.get_backend(group) == "nccl" else torch.device("cpu")
+        mine = self.runs()
+        world = dist.get_world_size(group)
+        status = torch.tensor([int(failure is not None), mine.shape[0], *arguments],
+                              dtype=torch.int64, device=on)
+        every = [torch.empty_like(status) for _ in range(world)]
+        _collective(dist.all_gather, every, status, group=group)
+        every = [x.cpu() for x in every]
+        failed = [r for r, x in enumerate(every) if x[0]]
+        if failure is not None:
+            raise failure
+        if failed:
+            raise ValueError(f"{self.fn}: rank {failed[0]} of the group failed to evaluate its "
+                             "rows (its error is raised there)")
+        first = tuple(every[0][2:].tolist())
+        for r, x in enumerate(every):
+            if tuple(x[2:].tolist()) != first:
+                raise ValueError(f"{self.fn}: rank {r} of the group was given (seqlen_q, "
+                                 f"seqlen_k, batch) = {tuple(x[2:].tolist())}, rank 0 {first}: "
+                                 "every rank must pass the same")
+        counts = [int(x[1]) for x in every]
+        if sum(counts) > self.max_runs:
+            raise ValueError(f"{self.fn}: {sum(counts)} runs of attended keys over the group's "
+                             f"ranks, more than {self.max_runs} (max_runs): {_NOT_RANGES}")
+        width = max(max(counts), 1)
+        padded = torch.zeros(width, 3, dtype=torch.int64, device=on)
+        padded[:mine.shape[0]] = mine.to(on)
+        parts = [torch.empty_like(padded) for _ in range(world)]
+        _collective(dist.all_gather, parts, padded, group=group)
+        return torch.cat([p[:n].cpu() for p, n in zip(parts, counts)])
 
 
 def _rows_per_block(device: torch.device, seqlen_k: int) -> int:
@@ -100,7 +149,7 @@ class _HeadIndexRefused(torch.overrides.TorchFunctionMode):
 
 
 def from_mask_mod(mask_mod, seqlen_q, seqlen_k=None, batch=None, device="cpu",
-                  max_runs=None) -> Mask:
+                  max_runs=None, group=None) -> Mask:
     """The mask of a FlexAttention mask_mod(b, h, q_idx, kv_idx) -> bool tensor: (q, k) is
     attended where it returns True. It is evaluated on every pair, a block of rows at a time:
     q_idx comes as a column [rows, 1] and kv_idx as a row [1, seqlen_k] (int64, on `device`), b
@@ -112,18 +161,31 @@ def from_mask_mod(mask_mod, seqlen_q, seqlen_k=None, batch=None, device="cpu",
     With `batch` = B, the mask_mod's b runs over 0..B-1 and the B masks are packed one after the
     other (seqlen_q * B by seqlen_k * B, block diagonal): q of FlexAttention's [B, H, S, D] is
     flexcp's q.transpose(1, 2).reshape(B * S, H, D). The mask_mod must not use h: a flexcp mask
-    is the same for every head (using h raises)."""
+    is the same for every head (using h raises).
+
+    With `group` (a torch.distributed group; collective), each rank evaluates its share of the
+    rows, and every rank gets the whole mask (as DistAttention needs it): a long mask in 1/N of
+    the time. Every rank passes the same arguments; an error on any rank raises on all."""
     fn = "flexcp.masks.from_mask_mod"
     seqlen_q = integer(fn, "seqlen_q", seqlen_q)
     seqlen_k = seqlen_q if seqlen_k is None else integer(fn, "seqlen_k", seqlen_k)
     batches = 1 if batch is None else integer(fn, "batch", batch)
-    return _evaluate(fn, mask_mod, seqlen_q, seqlen_k, batches, torch.device(device), max_runs)
+    return _evaluate(fn, mask_mod, seqlen_q, seqlen_k, batches, torch.device(device), max_runs,
+                     group=group)
 
 
-def _evaluate(fn, mask_mod, seqlen_q, seqlen_k, batches, device, max_runs, blocks=None):
-    """The packed mask of mask_mod over `batches` sequences. With `blocks` (a BlockMask's grids
-    and block sizes), a pair is attended when its block is full, or partial and mask_mod says so,
-    as FlexAttention reads a BlockMask."""
+def _evaluate(fn, mask_mod, seqlen_q, seqlen_k, batches, device, max_runs, group=None):
+    """The packed mask of mask_mod over `batches` sequences; with `group`, this rank's share of
+    the rows, then every rank's runs gathered."""
+    _check_lengths(fn, mask_mod, seqlen_q, seqlen_k, batches)
+    rows = seqlen_q * batches  # packed: row b * seqlen_q + r is row r of sequence b
+    first, last = _share(rows, group)
+    runs = _RunCollector(fn, seqlen_q * batches, seqlen_k * batches, max_runs)
+    return _collected(runs, group, (seqlen_q, seqlen_k, batches), lambda: _evaluate_rows(
+        fn, mask_mod, seqlen_q, seqlen_k, device, first, last, runs))
+
+
+def _check_lengths(fn, mask_mod, seqlen_q, seqlen_k, batches):
     if not callable(mask_mod):
         raise ValueError(f"{fn}: mask_mod must be callable, got {type(mask_mod).__name__}")
     for name, value, least in (("seqlen_q", seqlen_q, 0), ("seqlen_k", seqlen_k, 0),
@@ -134,22 +196,45 @@ def _evaluate(fn, mask_mod, seqlen_q, seqlen_k, batches, device, max_runs, block
     if max(seqlen_q, seqlen_k) * batches > limit:
         raise ValueError(f"{fn}: {batches} sequences of {seqlen_q} x {seqlen_k} tokens pack to "
                          f"more than the most a mask holds ({limit} tokens a side)")
-    runs = _RunCollector(fn, seqlen_q * batches, seqlen_k * batches, max_runs)
+
+
+def _share(total, group):
+    """This rank's [first, last) of `total` items (all of them without a group)."""
+    if group is None:
+        return 0, total
+    rank, world = dist.get_rank(group), dist.get_world_size(group)
+    return total * rank // world, total * (rank + 1) // world
+
+
+def _collected(runs, group, arguments, work):
+    """Runs `work` (which fills `runs`) and returns the mask; with a group, every rank's runs,
+    an error on any rank raised on all."""
+    failure = None
+    try:
+        work()
+    except Exception as e:  # noqa: BLE001 (raised again, on every rank of the group)
+        if group is None:
+            raise
+        failure = e
+    if group is None:
+        return runs.mask()
+    return runs.mask(runs.gathered(group, failure, arguments))
+
+
+def _evaluate_rows(fn, mask_mod, seqlen_q, seqlen_k, device, first, last, runs):
+    """Packed rows [first, last), a block of rows of one sequence at a time, into `runs`."""
     kv_idx = torch.arange(seqlen_k, device=device).unsqueeze(0)
     head = torch.zeros((), dtype=torch.int64, device=device)
     step = _rows_per_block(device, seqlen_k)
     with _HeadIndexRefused(fn, head):
-        for b in range(batches):
+        row = first
+        while row < last:
+            b, r = divmod(row, seqlen_q)
+            end = min(r + step, seqlen_q, r + last - row)
             b_idx = torch.full((), b, dtype=torch.int64, device=device)
-            for r in range(0, seqlen_q, step):
-                q_idx = torch.arange(r, min(r + step, seqlen_q), device=device).unsqueeze(1)
-                attended = _call(fn, mask_mod, b_idx, head, q_idx, kv_idx)
-                if blocks is not None:
-                    full, partial, q_block, k_block = blocks
-                    qb, kb = q_idx // q_block, kv_idx // k_block
-                    attended = full[b][qb, kb] | (partial[b][qb, kb] & attended)
-                runs.add(attended, b * seqlen_q + r, b * seqlen_k)
-    return runs.mask()
+            q_idx = torch.arange(r, end, device=device).unsqueeze(1)
+            runs.add(_call(fn, mask_mod, b_idx, head, q_idx, kv_idx), row, b * seqlen_k)
+            row += end - r
 
 
 def _call(fn, mask_mod, b_idx, head, q_idx, kv_idx):
@@ -157,14 +242,14 @@ def _call(fn, mask_mod, b_idx, head, q_idx, kv_idx):
     if not isinstance(out, torch.Tensor) or out.dtype != torch.bool:
         got = out.dtype if isinstance(out, torch.Tensor) else type(out).__name__
         raise ValueError(f"{fn}: mask_mod returned {got}, expected a torch.bool tensor")
-    shape = (q_idx.shape[0], kv_idx.shape[1])
+    shape = torch.broadcast_shapes(q_idx.shape, kv_idx.shape)
     try:
         return torch.broadcast_to(out, shape)
     except RuntimeError:
         raise ValueError(
             f"{fn}: mask_mod returned shape {tuple(out.shape)} for q_idx of shape "
             f"{tuple(q_idx.shape)} and kv_idx of shape {tuple(kv_idx.shape)}, expected one that "
-            f"broadcasts to {shape} (elementwise operations on them)") from None
+            f"broadcasts to {tuple(shape)} (elementwise operations on them)") from None
 
 
 def _block_grid(fn, name, counts, indices):
@@ -184,10 +269,10 @@ def _block_grid(fn, name, counts, indices):
     return grid[:, 0]
 
 
-def from_block_mask(block_mask, device=None, max_runs=None) -> Mask:
+def from_block_mask(block_mask, device=None, max_runs=None, group=None) -> Mask:
     """The mask a FlexAttention BlockMask stands for: the pairs of its full blocks, and the pairs
-    of its partial blocks that its mask_mod attends (a batch of B > 1 packed as in
-    from_mask_mod). Evaluated on the block mask's device unless `device` says otherwise."""
+    of its partial blocks that its mask_mod attends (a batch of B > 1 packed, and `group` used,
+    as in from_mask_mod). Evaluated on the block mask's device unless `device` says otherwise."""
     fn = "flexcp.masks.from_block_mask"
     needed = ("mask_mod", "seq_lengths", "kv_num_blocks", "kv_indices", "BLOCK_SIZE")
     if not all(hasattr(block_mask, a) for a in needed):
@@ -206,7 +291,82 @@ def from_block_mask(block_mask, device=None, max_runs=None) -> Mask:
             raise ValueError(f"{fn}: the block mask has {g.shape[1]} x {g.shape[2]} blocks of "
                              f"{q_block} x {k_block}, too few for its lengths {seqlen_q} x "
                              f"{seqlen_k}")
-    partial = grids[0][:, :q_blocks, :k_blocks]
-    full = grids[1][:, :q_blocks, :k_blocks] if len(grids) > 1 else torch.zeros_like(partial)
-    return _evaluate(fn, block_mask.mask_mod, seqlen_q, seqlen_k, partial.shape[0], device,
-                     max_runs, (full.to(device), partial.to(device), q_block, k_block))
+    partial = grids[0][:, :q_blocks, :k_blocks].to(device)
+    full = grids[1][:, :q_blocks, :k_blocks].to(device) if len(grids) > 1 else \
+        torch.zeros_like(partial)
+    both = (full & partial).nonzero()
+    if both.shape[0]:
+        b, g, kb = both[0].tolist()
+        raise ValueError(f"{fn}: block ({g}, {kb}) (q block, key block) of batch entry {b} is "
+                         "listed both as full and as partial")
+    batches = partial.shape[0]
+    _check_lengths(fn, block_mask.mask_mod, seqlen_q, seqlen_k, batches)
+    first, last = _share(batches * q_blocks, group)
+    runs = _RunCollector(fn, seqlen_q * batches, seqlen_k * batches, max_runs)
+    sizes = (seqlen_q, seqlen_k, q_block, k_block)
+    return _collected(runs, group, (seqlen_q, seqlen_k, batches), lambda: _evaluate_blocks(
+        fn, block_mask.mask_mod, sizes, full, partial, first, last, runs))
+
+
+def _evaluate_blocks(fn, mask_mod, sizes, full, partial, first, last, runs):
+    """Packed q blocks [first, last) (block g of sequence b is b * q_blocks + g) into `runs`: a
+    full block's pairs as whole ranges, the mask_mod evaluated on the partial blocks only (so a
+    document mask costs its diagonal blocks, not the whole matrix)."""
+    seqlen_q, seqlen_k, q_block, k_block = sizes
+    q_blocks = full.shape[1]
+    widest = int(partial.sum(-1).max()) if partial.numel() else 0
+    entries = _BLOCK_ENTRIES["cuda" if full.device.type == "cuda" else "cpu"]
+    step = max(1, entries // (q_block * max(widest, 1) * k_block))
+    head = torch.zeros((), dtype=torch.int64, device=full.device)
+    with _HeadIndexRefused(fn, head):
+        g = first
+        while g < last:
+            b, g0 = divmod(g, q_blocks)
+            g1 = min(g0 + step, q_blocks, g0 + last - g)
+            found = torch.cat([_full_block_runs(full[b, g0:g1], g0, sizes),
+                               _partial_block_runs(fn, mask_mod, b, head, partial[b, g0:g1], g0,
+                                                   sizes)])
+            found[:, 0] += b * seqlen_q
+            found[:, 1:] += b * seqlen_k
+            order = torch.argsort(found[:, 0] * (seqlen_k * (b + 1) + 1) + found[:, 1])
+            runs.add_runs(found[order].cpu())
+            g += g1 - g0
+
+
+def _full_block_runs(full, g0, sizes):
+    """(row, begin, end) over every row of q blocks g0.. for their stretches of full key blocks."""
+    seqlen_q, seqlen_k, q_block, k_block = sizes
+    starts, ends = _edges(full)  # (q block, first key block), (q block, one past the last)
+    rows = (g0 + starts[:, :1]) * q_block + torch.arange(q_block, device=full.device)
+    keep = rows < seqlen_q
+    begins = (starts[:, 1:] * k_block).expand_as(rows)
+    stops = (ends[:, 1:] * k_block).clamp(max=seqlen_k).expand_as(rows)
+    return torch.stack([rows[keep], begins[keep], stops[keep]], dim=1)
+
+
+def _partial_block_runs(fn, mask_mod, b, head, partial, g0, sizes):
+    """(row, begin, end) of the mask_mod's runs inside the partial blocks of q blocks g0..: it is
+    evaluated on those blocks' pairs only (indices past the lengths clamped for the call, their
+    result dropped)."""
+    seqlen_q, seqlen_k, q_block, k_block = sizes
+    device = partial.device
+    count = int(partial.sum(-1).max()) if partial.numel() else 0
+    if count == 0:
+        return torch.zeros(0, 3, dtype=torch.int64, device=device)
+    blocks = partial.shape[0]
+    # Each q block's partial key blocks in increasing order, padded to `count`.
+    which = torch.argsort((~partial).to(torch.int8), dim=-1, stable=True)[:, :count]
+    listed = torch.arange(count, device=device) < partial.sum(-1, keepdim=True)
+    q_idx = ((g0 + torch.arange(blocks, device=device)).unsqueeze(1) * q_block +
+             torch.arange(q_block, device=device)).unsqueeze(2)  # [blocks, q_block, 1]
+    kv_idx = (which.unsqueeze(2) * k_block + torch.arange(k_block, device=device))
+    kv_idx = kv_idx.reshape(blocks, 1, count * k_block)  # [blocks, 1, count * k_block]
+    inside = (q_idx < seqlen_q) & (kv_idx < seqlen_k) & \
+        listed.repeat_interleave(k_block, dim=1).unsqueeze(1)
+    b_idx = torch.full((), b, dtype=torch.int64, device=device)
+    attended = _call(fn, mask_mod, b_idx, head, q_idx.clamp(max=max(seqlen_q - 1, 0)),
+                     kv_idx.clamp(max=max(seqlen_k - 1, 0))) & inside
+    starts, ends = _edges(attended.reshape(blocks, q_block, count, k_block))
+    rows = (g0 + starts[:, 0]) * q_block + starts[:, 1]
+    base = which[starts[:, 0], starts[:, 2]] * k_block
+    return torch.stack([rows, base + starts[:, 3], base + ends[:, 3]], dim=1)

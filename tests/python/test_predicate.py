@@ -1,10 +1,14 @@
 """Masks from a predicate or a matrix (flexcp.masks.from_dense, from_mask_mod, from_block_mask):
 exact pair for pair, the builders' shapes found again, FlexAttention's own examples and block
 masks, the same attention as FlexAttention computes, and every bad input named."""
+import datetime
+import os
 import random
 
 import pytest
 import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
 
 import flexcp
 from flexcp import masks
@@ -167,6 +171,106 @@ def test_a_block_mask_is_read_as_flex_reads_it():
     assert torch.equal(dense_mask(found), want)
 
 
+def _random_block_mask(rng, batch, seqlen_q, seqlen_k, q_block, k_block):
+    """A BlockMask made by hand: each block empty, partial or full at random, its index lists
+    shuffled (FlexAttention keeps them sorted; a hand-made one need not), and the dense pairs it
+    stands for, by FlexAttention's reading."""
+    nq, nk = -(-seqlen_q // q_block), -(-seqlen_k // k_block)
+    kind = torch.tensor([[[rng.choice((0, 0, 1, 2)) for _ in range(nk)] for _ in range(nq)]
+                         for _ in range(batch)])
+
+    def ordered(which):
+        counts = (kind == which).sum(-1).unsqueeze(1).to(torch.int32)
+        indices = torch.zeros(batch, 1, nq, nk, dtype=torch.int32)
+        for b in range(batch):
+            for g in range(nq):
+                listed = [kb for kb in range(nk) if kind[b, g, kb] == which]
+                rng.shuffle(listed)
+                indices[b, 0, g, :len(listed)] = torch.tensor(listed, dtype=torch.int32)
+        return counts, indices
+
+    offset = rng.randint(0, 5)
+
+    def mask_mod(b, h, q, k):
+        return (q + 2 * k + b + offset) % 5 < 2
+
+    q, k = torch.arange(seqlen_q).unsqueeze(1), torch.arange(seqlen_k).unsqueeze(0)
+    want = torch.zeros(batch * seqlen_q, batch * seqlen_k, dtype=torch.bool)
+    for b in range(batch):
+        block_kind = kind[b][q // q_block, k // k_block]
+        want[b * seqlen_q:(b + 1) * seqlen_q, b * seqlen_k:(b + 1) * seqlen_k] = \
+            (block_kind == 2) | ((block_kind == 1) & mask_mod(b, None, q, k))
+    block_mask = flex.BlockMask.from_kv_blocks(*ordered(1), *ordered(2),
+                                               BLOCK_SIZE=(q_block, k_block), mask_mod=mask_mod,
+                                               seq_lengths=(seqlen_q, seqlen_k))
+    return block_mask, want
+
+
+@needs_flex
+def test_random_block_masks_evaluate_only_their_partial_blocks_exactly():
+    rng = random.Random(9)
+    for trial in range(25):
+        batch = rng.randint(1, 3)
+        q_block, k_block = rng.choice((4, 8, 16)), rng.choice((4, 8, 16))
+        seqlen_q, seqlen_k = rng.randint(1, 60), rng.randint(1, 60)
+        block_mask, want = _random_block_mask(rng, batch, seqlen_q, seqlen_k, q_block, k_block)
+        found = masks.from_block_mask(block_mask, max_runs=10 ** 6)
+        assert torch.equal(dense_mask(found), want), trial
+
+
+@needs_flex
+def test_a_block_listed_full_and_partial_is_named():
+    one = torch.ones(1, 1, 1, dtype=torch.int32)
+    zero = torch.zeros(1, 1, 1, 1, dtype=torch.int32)
+    block_mask = flex.BlockMask.from_kv_blocks(one, zero, one, zero, BLOCK_SIZE=(8, 8),
+                                               mask_mod=_causal, seq_lengths=(8, 8))
+    with pytest.raises(ValueError, match=r"block \(0, 0\) \(q block, key block\) of batch "
+                       "entry 0 is listed both as full and as partial"):
+        masks.from_block_mask(block_mask)
+
+
+def _document_blocks(lengths, block):
+    """The full and partial blocks of a document-causal mask, as [1, 1, n, n] grids."""
+    n = -(-sum(lengths) // block)
+    full = torch.zeros(1, 1, n, n, dtype=torch.bool)
+    partial = torch.zeros_like(full)
+    start = 0
+    for length in lengths:
+        end = start + length
+        for qb in range(start // block, (end - 1) // block + 1):
+            rows = (max(qb * block, start), min((qb + 1) * block, end))
+            for kb in range(start // block, (rows[1] - 1) // block + 1):
+                cols = (kb * block, (kb + 1) * block)
+                whole = cols[0] >= start and cols[1] - 1 <= rows[0] and rows == (qb * block,
+                                                                                  (qb + 1) * block)
+                (full if whole else partial)[0, 0, qb, kb] = True
+        start = end
+    return full, partial
+
+
+@needs_flex
+def test_a_long_block_mask_costs_its_partial_blocks():
+    # 256K tokens of documents: the whole matrix is 6.9e10 pairs (minutes on a CPU); the partial
+    # blocks along the diagonals a few million.
+    lengths = [5000 + 977 * (i % 7) for i in range(30)]
+    lengths.append(262144 - sum(lengths))
+    doc = _documents(lengths)
+
+    def document_causal(b, h, q, k):
+        return (doc[q] == doc[k]) & (q >= k)
+
+    def ordered(grid):
+        counts = grid.sum(-1).to(torch.int32)
+        return counts, torch.argsort((~grid).to(torch.int8), dim=-1, stable=True).to(torch.int32)
+
+    full, partial = _document_blocks(lengths, 128)
+    block_mask = flex.BlockMask.from_kv_blocks(*ordered(partial), *ordered(full),
+                                               BLOCK_SIZE=(128, 128), mask_mod=document_causal,
+                                               seq_lengths=(262144, 262144))
+    found = masks.from_block_mask(block_mask)
+    assert found.slices == masks.varlen_causal(lengths).slices
+
+
 @needs_flex
 @pytest.mark.filterwarnings("ignore:flex_attention called without torch.compile")
 def test_flexcp_and_flex_attention_agree_on_a_block_mask():
@@ -230,6 +334,50 @@ def test_masks_that_are_not_ranges_are_refused_before_they_fill_memory():
     found = masks.from_mask_mod(strided, 64, max_runs=10 ** 4)
     q, k = torch.arange(64).unsqueeze(1), torch.arange(64).unsqueeze(0)
     assert torch.equal(dense_mask(found), strided(None, None, q, k))
+
+
+def group_worker(rank, world, init_file):
+    dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank,
+                            world_size=world, timeout=datetime.timedelta(seconds=120))
+    try:
+        group = dist.group.WORLD
+        # Each rank its share of the rows; every rank the one process's mask.
+        for mask_mod, batch in ((_document_window, None), (_document_causal, 3)):
+            alone = masks.from_mask_mod(mask_mod, T, batch=batch)
+            together = masks.from_mask_mod(mask_mod, T, batch=batch, group=group)
+            assert together.slices == alone.slices
+        if flex is not None:
+            block_mask = flex.create_block_mask(_document_window, None, None, T, T, device="cpu")
+            assert masks.from_block_mask(block_mask, group=group).slices == \
+                masks.from_block_mask(block_mask).slices
+        # A rank whose mask_mod fails: its error there, named on every other rank.
+        def fails_on_the_last_rank(b, h, q, k):
+            if rank == world - 1:
+                raise KeyError("the last rank's own error")
+            return q >= k
+
+        with pytest.raises(KeyError if rank == world - 1 else ValueError,
+                           match="the last rank's own error" if rank == world - 1 else
+                           f"rank {world - 1} of the group failed to evaluate its rows"):
+            masks.from_mask_mod(fails_on_the_last_rank, 64, group=group)
+        if world > 1:
+            with pytest.raises(ValueError, match=r"rank 1 of the group was given \(seqlen_q, "
+                               r"seqlen_k, batch\) = \(65, 65, 1\), rank 0 \(64, 64, 1\)"):
+                masks.from_mask_mod(_causal, 64 + rank, group=group)
+        # Past max_runs over all ranks together, though no rank's share is: refused on all.
+        with pytest.raises(ValueError, match=r"runs of attended keys over the group's ranks, "
+                           r"more than 30 \(max_runs\)" if world > 1 else r"more than 30 runs"):
+            masks.from_mask_mod(lambda b, h, q, k: k <= q, 31, max_runs=30, group=group)
+        # Still in step: a collective after the refusals completes.
+        assert masks.from_mask_mod(_causal, 9, group=group).slices == [(0, 9, 0, 9, "causal")]
+    finally:
+        dist.destroy_process_group()
+
+
+@pytest.mark.parametrize("world", [1, 2, 3])
+def test_a_group_splits_the_rows_and_gets_the_same_mask(world, tmp_path):
+    os.environ.setdefault("OMP_NUM_THREADS", "1")
+    mp.spawn(group_worker, args=(world, str(tmp_path / "init")), nprocs=world, join=True)
 
 
 @needs_cuda
