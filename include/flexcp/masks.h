@@ -46,6 +46,11 @@ FLEXCP_API Mask prefix_lm(const Lengths& doc_lens, const Lengths& prefix_lens);
 // One causal prompt followed by answers; each answer sees the prompt and itself (causally).
 FLEXCP_API Mask shared_question(std::int64_t question_len, const Lengths& answer_lens);
 
+// The masks laid end to end, each over its own queries and keys (those of mask i follow those of
+// masks 0..i-1): a packed batch of samples that each bring their own mask, none attending
+// another. Its lengths are the sums, at most kMaxSeqlen a side.
+FLEXCP_API Mask pack(const std::vector<Mask>& masks);
+
 // Any mask given row by row, as runs of attended keys: each run attends keys [begin, end) from
 // query `row`. Runs come sorted by row, then by key; runs of one row may touch (they are joined)
 // but not overlap; an empty run is an error. The rows become as few slices as one pass finds:

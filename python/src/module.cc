@@ -383,6 +383,7 @@ NB_MODULE(_flexcp, m) {
       },
       nb::arg("seqlen_q"), nb::arg("seqlen_k"), nb::arg("runs"));
   mk.def("document_ids", &masks::document_ids, nb::arg("mask"));
+  mk.def("pack", &masks::pack, nb::arg("masks"));
   mk.def("read_lengths_file", &masks::read_lengths_file, nb::arg("path"));
   mk.def("pack_lengths", &masks::pack_lengths, nb::arg("lengths"), nb::arg("total"),
          nb::arg("max_len"));

@@ -187,6 +187,25 @@ Mask shared_question(std::int64_t question_len, const Lengths& answer_lens) {
   return Mask(o, o, std::move(s));
 }
 
+Mask pack(const std::vector<Mask>& masks) {
+  std::vector<Slice> s;
+  std::int64_t q0 = 0, k0 = 0;
+  for (std::size_t i = 0; i < masks.size(); ++i) {
+    const Mask& m = masks[i];
+    if (m.seqlen_q() > kMaxSeqlen - q0 || m.seqlen_k() > kMaxSeqlen - k0)
+      fail("flexcp::masks::pack: masks[" + std::to_string(i) + "] (" +
+           std::to_string(m.seqlen_q()) + " x " + std::to_string(m.seqlen_k()) + ") after " +
+           std::to_string(q0) + " x " + std::to_string(k0) +
+           " tokens, past the most a mask holds (" + std::to_string(kMaxSeqlen) +
+           " a side, kMaxSeqlen)");
+    for (const Slice& x : m.slices())
+      s.push_back({{x.q.begin + q0, x.q.end + q0}, {x.k.begin + k0, x.k.end + k0}, x.type});
+    q0 += m.seqlen_q();
+    k0 += m.seqlen_k();
+  }
+  return Mask(q0, k0, std::move(s));
+}
+
 Lengths read_lengths_file(const std::string& path) {
   std::istringstream in(read_text_file(path, "document lengths file"));
   Lengths lens;

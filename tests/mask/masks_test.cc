@@ -167,6 +167,38 @@ TEST(Masks, PackLengthsCapsAndFillsExactly) {
   EXPECT_EQ(packed[2], 1000);
 }
 
+// pack: each mask on its own diagonal block, nothing between them.
+TEST(Masks, PackLaysMasksEndToEnd) {
+  std::mt19937_64 rng(24);
+  for (int trial = 0; trial < 50; ++trial) {
+    std::vector<Mask> parts;
+    std::vector<std::int64_t> q0 = {0}, k0 = {0};
+    for (int i = std::uniform_int_distribution<int>(0, 4)(rng); i > 0; --i) {
+      const std::int64_t tq = std::uniform_int_distribution<std::int64_t>(0, 9)(rng);
+      const std::int64_t tk = std::uniform_int_distribution<std::int64_t>(0, 9)(rng);
+      parts.push_back(test::random_mask(rng, tq, tk));
+      q0.push_back(q0.back() + tq);
+      k0.push_back(k0.back() + tk);
+    }
+    const Mask packed = masks::pack(parts);
+    expect_mask(packed, q0.back(), k0.back(), [&](std::int64_t q, std::int64_t k) {
+      for (std::size_t i = 0; i < parts.size(); ++i)
+        if (q >= q0[i] && q < q0[i + 1])
+          return k >= k0[i] && k < k0[i + 1] && parts[i].attends(q - q0[i], k - k0[i]);
+      return false;
+    });
+  }
+  try {
+    masks::pack({masks::full(kMaxSeqlen - 3, 1), masks::causal(4, 2)});
+    ADD_FAILURE() << "no error";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("masks[1] (4 x 2) after 2147483645 x 1 tokens, past the "
+                                         "most a mask holds"),
+              std::string::npos)
+        << e.what();
+  }
+}
+
 // document_ids against its definition, pair by pair: a document starts at i when no attended
 // pair has one end before i and the other at or after it.
 TEST(Masks, DocumentIdsFollowTheAttendedPairs) {

@@ -158,3 +158,22 @@ def test_document_ids_follow_the_attended_pairs():
     # Drawn differently, the same pairs: a diagonal band is one-token documents.
     diagonal = flexcp.Mask([(0, 5, 0, 5, "bi_causal")], 5)
     assert diagonal.document_ids().tolist() == [0, 1, 2, 3, 4]
+
+
+def test_pack_lays_masks_end_to_end():
+    rng = random.Random(9)
+    parts = [flexcp.Mask(random_mask_slices(rng, tq, tk), tq, tk)
+             for tq, tk in ((5, 7), (0, 3), (9, 9), (4, 0), (6, 2))]
+    packed = flexcp.masks.pack(parts)
+    want = torch.block_diag(*(dense_mask(m).to(torch.int8) for m in parts)).bool()
+    assert torch.equal(dense_mask(packed), want)
+    # A sample's own mask beside plain text: a prompt with two answers, then a causal document.
+    batch = flexcp.masks.pack([flexcp.masks.shared_question(4, [3, 2]), flexcp.masks.causal(6)])
+    assert batch.seqlen_q == 15 and batch.document_ids().tolist() == [0] * 9 + [1] * 6
+    assert flexcp.masks.pack([]).seqlen_q == 0
+    with pytest.raises(ValueError, match=r"masks\[1\] is a list, expected a flexcp.Mask"):
+        flexcp.masks.pack([parts[0], [(0, 1, 0, 1, "full")]])
+    with pytest.raises(ValueError, match="masks must be a sequence of flexcp.Mask, got int"):
+        flexcp.masks.pack(3)
+    with pytest.raises(ValueError, match=r"masks\[1\] \(4 x 2\) after 2147483645 x 1 tokens"):
+        flexcp.masks.pack([flexcp.masks.full(2 ** 31 - 3, 1), flexcp.masks.causal(4, 2)])
