@@ -71,6 +71,15 @@ FLEXCP_API Mask from_row_runs(std::int64_t seqlen_q, std::int64_t seqlen_k,
 FLEXCP_API Mask from_dense(std::int64_t seqlen_q, std::int64_t seqlen_k,
                            const std::uint8_t* attended);
 
+// The pairs any of the masks attends (unite) or all of them attend (intersect), as the fewest
+// slices (from_row_runs): e.g. causal text with a bidirectional image block inside is
+// unite({causal(T, T), Mask(T, T, {{image, image, kFull}})}); a window inside documents is
+// intersect({varlen_causal(docs), sliding_window({T}, w, kCausal)}). The masks must have the same
+// lengths (at least one mask). Costs the rows the slices cover times the slices a row meets,
+// never the pairs.
+FLEXCP_API Mask unite(const std::vector<Mask>& masks);
+FLEXCP_API Mask intersect(const std::vector<Mask>& masks);
+
 // The document of each of the max(seqlen_q, seqlen_k) tokens, numbered 0, 1, ... in order: a
 // new document starts at token i when no attended pair (q, k) has one of q, k before i and the
 // other at or after it. Read from the pairs, not from how the slices are drawn.

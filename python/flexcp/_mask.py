@@ -101,6 +101,18 @@ class Mask:
     def slices(self):
         return self._mask.slices()
 
+    def __or__(self, other):
+        """The pairs either mask attends (flexcp.masks.union)."""
+        if not isinstance(other, Mask):
+            return NotImplemented
+        return Mask._of(_flexcp.masks.unite([self._mask, other._mask]))
+
+    def __and__(self, other):
+        """The pairs both masks attend (flexcp.masks.intersection)."""
+        if not isinstance(other, Mask):
+            return NotImplemented
+        return Mask._of(_flexcp.masks.intersect([self._mask, other._mask]))
+
     def __reduce__(self):
         # Pickled (and copied) as its slices and lengths, validated again when loaded: a mask
         # crosses DataLoader workers and is copied with the model that holds it.

@@ -7,8 +7,8 @@ from ._predicate import from_block_mask, from_dense, from_mask_mod
 
 __all__ = ["full", "causal", "batch", "varlen", "varlen_full", "varlen_causal",
            "from_cu_seqlens", "sliding_window", "block_causal", "prefix_lm", "shared_question",
-           "pack_lengths", "read_lengths_file", "pack", "from_dense", "from_mask_mod",
-           "from_block_mask"]
+           "pack_lengths", "read_lengths_file", "pack", "union", "intersection", "from_dense",
+           "from_mask_mod", "from_block_mask"]
 
 
 def _ints(name, values):
@@ -87,19 +87,35 @@ def shared_question(question_len, answer_lens):
                                                   _ints("answer_lens", answer_lens)))
 
 
+def _cpp_masks(fn, masks):
+    masks = list(masks) if hasattr(masks, "__iter__") else masks
+    if not isinstance(masks, list):
+        raise ValueError(f"flexcp.masks.{fn}: masks must be a sequence of flexcp.Mask, got "
+                         f"{type(masks).__name__}")
+    for i, m in enumerate(masks):
+        if not isinstance(m, Mask):
+            raise ValueError(f"flexcp.masks.{fn}: masks[{i}] has type {type(m).__name__}, "
+                             "expected a flexcp.Mask")
+    return [m._mask for m in masks]
+
+
 def pack(masks):
     """Masks laid end to end, each over its own queries and keys: a packed batch of samples that
     each bring their own mask (text, an image block, a prompt with answers), none attending
     another."""
-    masks = list(masks) if hasattr(masks, "__iter__") else masks
-    if not isinstance(masks, list):
-        raise ValueError(f"flexcp.masks.pack: masks must be a sequence of flexcp.Mask, got "
-                         f"{type(masks).__name__}")
-    for i, m in enumerate(masks):
-        if not isinstance(m, Mask):
-            raise ValueError(f"flexcp.masks.pack: masks[{i}] is a {type(m).__name__}, expected "
-                             "a flexcp.Mask")
-    return Mask._of(_flexcp.masks.pack([m._mask for m in masks]))
+    return Mask._of(_flexcp.masks.pack(_cpp_masks("pack", masks)))
+
+
+def union(*masks):
+    """The pairs any of the masks attends (same lengths), as the fewest slices; also `a | b`.
+    E.g. causal text with a bidirectional image block inside:
+    `causal(T) | flexcp.Mask([(i0, i1, i0, i1, "full")], T)`."""
+    return Mask._of(_flexcp.masks.unite(_cpp_masks("union", masks)))
+
+
+def intersection(*masks):
+    """The pairs every mask attends (same lengths), as the fewest slices; also `a & b`."""
+    return Mask._of(_flexcp.masks.intersect(_cpp_masks("intersection", masks)))
 
 
 def pack_lengths(lengths, total, max_len):

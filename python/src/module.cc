@@ -384,6 +384,8 @@ NB_MODULE(_flexcp, m) {
       nb::arg("seqlen_q"), nb::arg("seqlen_k"), nb::arg("runs"));
   mk.def("document_ids", &masks::document_ids, nb::arg("mask"));
   mk.def("pack", &masks::pack, nb::arg("masks"));
+  mk.def("unite", &masks::unite, nb::arg("masks"));
+  mk.def("intersect", &masks::intersect, nb::arg("masks"));
   mk.def("read_lengths_file", &masks::read_lengths_file, nb::arg("path"));
   mk.def("pack_lengths", &masks::pack_lengths, nb::arg("lengths"), nb::arg("total"),
          nb::arg("max_len"));

@@ -171,9 +171,36 @@ def test_pack_lays_masks_end_to_end():
     batch = flexcp.masks.pack([flexcp.masks.shared_question(4, [3, 2]), flexcp.masks.causal(6)])
     assert batch.seqlen_q == 15 and batch.document_ids().tolist() == [0] * 9 + [1] * 6
     assert flexcp.masks.pack([]).seqlen_q == 0
-    with pytest.raises(ValueError, match=r"masks\[1\] is a list, expected a flexcp.Mask"):
+    with pytest.raises(ValueError, match=r"masks\[1\] has type list, expected a flexcp.Mask"):
         flexcp.masks.pack([parts[0], [(0, 1, 0, 1, "full")]])
     with pytest.raises(ValueError, match="masks must be a sequence of flexcp.Mask, got int"):
         flexcp.masks.pack(3)
     with pytest.raises(ValueError, match=r"masks\[1\] \(4 x 2\) after 2147483645 x 1 tokens"):
         flexcp.masks.pack([flexcp.masks.full(2 ** 31 - 3, 1), flexcp.masks.causal(4, 2)])
+
+
+def test_union_and_intersection_pair_by_pair():
+    rng = random.Random(10)
+    for trial in range(30):
+        tq, tk = rng.randint(0, 25), rng.randint(0, 25)
+        a, b, c = (flexcp.Mask(random_mask_slices(rng, tq, tk), tq, tk) for _ in range(3))
+        da, db, dc = (dense_mask(m) for m in (a, b, c))
+        assert torch.equal(dense_mask(a | b), da | db), trial
+        assert torch.equal(dense_mask(a & b), da & db), trial
+        assert torch.equal(dense_mask(flexcp.masks.union(a, b, c)), da | db | dc), trial
+        assert torch.equal(dense_mask(flexcp.masks.intersection(a, b, c)), da & db & dc), trial
+    # Causal text with a bidirectional image block inside.
+    image = flexcp.Mask([(40, 70, 40, 70, "full")], 100)
+    mixed = flexcp.masks.causal(100) | image
+    want = dense_mask(flexcp.masks.causal(100))
+    want[40:70, 40:70] = True
+    assert torch.equal(dense_mask(mixed), want)
+    with pytest.raises(ValueError, match=r"masks\[1\] is 4 x 5 and masks\[0\] 4 x 4, expected "
+                       "the same lengths"):
+        flexcp.masks.causal(4) | flexcp.masks.causal(4, 5)
+    with pytest.raises(ValueError, match="no masks, expected at least one"):
+        flexcp.masks.union()
+    with pytest.raises(TypeError):
+        flexcp.masks.causal(4) | 3
+    with pytest.raises(ValueError, match=r"masks\[0\] has type int, expected a flexcp.Mask"):
+        flexcp.masks.intersection(3)
