@@ -87,7 +87,7 @@ class Mask:
         in order): a new one starts at token i when no attended pair (q, k) has one end before i
         and the other at or after it. Read from the pairs, however the slices are drawn: e.g. for
         position ids that restart in every document."""
-        return torch.tensor(_flexcp.masks.document_ids(self._mask), dtype=torch.int64)
+        return torch.from_numpy(_flexcp.masks.document_ids(self._mask))
 
     @property
     def seqlen_q(self):

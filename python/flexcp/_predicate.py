@@ -46,10 +46,16 @@ def _runs(attended: torch.Tensor, first_row: int, first_col: int) -> torch.Tenso
 
 
 class _RunCollector:
+    """Runs of a packed mask, collected block by block in (row, begin) order, with the limit."""
+
     def __init__(self, fn, seqlen_q, seqlen_k, max_runs):
         self.fn, self.seqlen_q, self.seqlen_k = fn, seqlen_q, seqlen_k
-        self.max_runs = max(_MIN_RUN_LIMIT, _RUNS_PER_ROW * seqlen_q) if max_runs is None else \
-            integer(fn, "max_runs", max_runs)
+        if max_runs is None:
+            self.max_runs = max(_MIN_RUN_LIMIT, _RUNS_PER_ROW * seqlen_q)
+        else:
+            self.max_runs = integer(fn, "max_runs", max_runs)
+            if self.max_runs < 0:
+                raise ValueError(f"{fn}: max_runs is {self.max_runs}, expected >= 0")
         self.parts, self.count = [], 0
 
     def add(self, attended, first_row, first_col=0):
@@ -57,12 +63,11 @@ class _RunCollector:
 
     def add_runs(self, runs):
         """(row, begin, end) rows on the host, after every run added so far in (row, begin)."""
-        first_row = int(runs[-1, 0]) if runs.shape[0] else 0
         self.count += runs.shape[0]
         if self.count > self.max_runs:
             raise ValueError(
                 f"{self.fn}: more than {self.max_runs} runs of attended keys by row "
-                f"{first_row + 1} of {self.seqlen_q} (max_runs): {_NOT_RANGES}")
+                f"{int(runs[-1, 0]) + 1} of {self.seqlen_q} (max_runs): {_NOT_RANGES}")
         self.parts.append(runs)
 
     def runs(self):
@@ -73,40 +78,50 @@ class _RunCollector:
         return Mask._of(_flexcp.masks.from_row_runs(self.seqlen_q, self.seqlen_k,
                                                     runs.contiguous().numpy()))
 
-    def gathered(self, group, failure, arguments):
-        """Every rank's runs, in rank order, on every rank of `group`; raises on every rank when
-        any rank failed, or was called with other arguments, or all runs pass max_runs."""
-        on = torch.device("cuda", torch.cuda.current_device()) \
-            if dist.get_backend(group) == "nccl" else torch.device("cpu")
-        mine = self.runs()
-        world = dist.get_world_size(group)
-        status = torch.tensor([int(failure is not None), mine.shape[0], *arguments],
-                              dtype=torch.int64, device=on)
-        every = [torch.empty_like(status) for _ in range(world)]
-        _collective(dist.all_gather, every, status, group=group)
-        every = [x.cpu() for x in every]
-        failed = [r for r, x in enumerate(every) if x[0]]
-        if failure is not None:
-            raise failure
-        if failed:
-            raise ValueError(f"{self.fn}: rank {failed[0]} of the group failed to evaluate its "
-                             "rows (its error is raised there)")
-        first = tuple(every[0][2:].tolist())
-        for r, x in enumerate(every):
-            if tuple(x[2:].tolist()) != first:
-                raise ValueError(f"{self.fn}: rank {r} of the group was given (seqlen_q, "
-                                 f"seqlen_k, batch) = {tuple(x[2:].tolist())}, rank 0 {first}: "
-                                 "every rank must pass the same")
-        counts = [int(x[1]) for x in every]
-        if sum(counts) > self.max_runs:
-            raise ValueError(f"{self.fn}: {sum(counts)} runs of attended keys over the group's "
-                             f"ranks, more than {self.max_runs} (max_runs): {_NOT_RANGES}")
-        width = max(max(counts), 1)
-        padded = torch.zeros(width, 3, dtype=torch.int64, device=on)
-        padded[:mine.shape[0]] = mine.to(on)
-        parts = [torch.empty_like(padded) for _ in range(world)]
-        _collective(dist.all_gather, parts, padded, group=group)
-        return torch.cat([p[:n].cpu() for p, n in zip(parts, counts)])
+
+def _collected(fn, group, collect):
+    """The mask of the runs collect() gathers (it checks the arguments, then returns a filled
+    _RunCollector). With a group, every check and evaluation runs before the ranks meet, so
+    that an error on any rank, or ranks given other lengths or limits, raise on every rank
+    instead of leaving the others waiting; then every rank's runs, in rank order."""
+    if group is None:
+        return collect().mask()
+    collector, failure = None, None
+    try:
+        collector = collect()
+    except Exception as e:  # noqa: BLE001 (raised again below, and named on every other rank)
+        failure = e
+    on = torch.device("cuda", torch.cuda.current_device()) \
+        if dist.get_backend(group) == "nccl" else torch.device("cpu")
+    mine = collector.runs() if collector else torch.zeros(0, 3, dtype=torch.int64)
+    shape = (collector.seqlen_q, collector.seqlen_k, collector.max_runs) if collector else (0,) * 3
+    world = dist.get_world_size(group)
+    status = torch.tensor([int(failure is not None), mine.shape[0], *shape], dtype=torch.int64,
+                          device=on)
+    every = [torch.empty_like(status) for _ in range(world)]
+    _collective(dist.all_gather, every, status, group=group)
+    every = [x.cpu().tolist() for x in every]
+    if failure is not None:
+        raise failure
+    failed = [r for r, x in enumerate(every) if x[0]]
+    if failed:
+        raise ValueError(f"{fn}: rank {failed[0]} of the group failed (its error is raised "
+                         "there)")
+    for r, x in enumerate(every):
+        if x[2:] != every[0][2:]:
+            raise ValueError(f"{fn}: rank {r} of the group was given a mask of {x[2]} x {x[3]} "
+                             f"with max_runs {x[4]}, rank 0 one of {every[0][2]} x "
+                             f"{every[0][3]} with max_runs {every[0][4]}: every rank must pass "
+                             "the same")
+    counts = [x[1] for x in every]
+    if sum(counts) > collector.max_runs:
+        raise ValueError(f"{fn}: {sum(counts)} runs of attended keys over the group's ranks, "
+                         f"more than {collector.max_runs} (max_runs): {_NOT_RANGES}")
+    padded = torch.zeros(max(max(counts), 1), 3, dtype=torch.int64, device=on)
+    padded[:mine.shape[0]] = mine.to(on)
+    parts = [torch.empty_like(padded) for _ in range(world)]
+    _collective(dist.all_gather, parts, padded, group=group)
+    return collector.mask(torch.cat([p[:n].cpu() for p, n in zip(parts, counts)]))
 
 
 def _rows_per_block(device: torch.device, seqlen_k: int) -> int:
@@ -171,22 +186,18 @@ def from_mask_mod(mask_mod, seqlen_q, seqlen_k=None, batch=None, device="cpu",
     rows, and every rank gets the whole mask (as DistAttention needs it): a long mask in 1/N of
     the time. Every rank passes the same arguments; an error on any rank raises on all."""
     fn = "flexcp.masks.from_mask_mod"
-    seqlen_q = integer(fn, "seqlen_q", seqlen_q)
-    seqlen_k = seqlen_q if seqlen_k is None else integer(fn, "seqlen_k", seqlen_k)
-    batches = 1 if batch is None else integer(fn, "batch", batch)
-    return _evaluate(fn, mask_mod, seqlen_q, seqlen_k, batches, torch.device(device), max_runs,
-                     group=group)
 
+    def collect():
+        q = integer(fn, "seqlen_q", seqlen_q)
+        k = q if seqlen_k is None else integer(fn, "seqlen_k", seqlen_k)
+        batches = 1 if batch is None else integer(fn, "batch", batch)
+        _check_lengths(fn, mask_mod, q, k, batches)
+        runs = _RunCollector(fn, q * batches, k * batches, max_runs)
+        first, last = _share(q * batches, group)  # packed row b * q + r: row r of sequence b
+        _evaluate_rows(fn, mask_mod, q, k, torch.device(device), first, last, runs)
+        return runs
 
-def _evaluate(fn, mask_mod, seqlen_q, seqlen_k, batches, device, max_runs, group=None):
-    """The packed mask of mask_mod over `batches` sequences; with `group`, this rank's share of
-    the rows, then every rank's runs gathered."""
-    _check_lengths(fn, mask_mod, seqlen_q, seqlen_k, batches)
-    rows = seqlen_q * batches  # packed: row b * seqlen_q + r is row r of sequence b
-    first, last = _share(rows, group)
-    runs = _RunCollector(fn, seqlen_q * batches, seqlen_k * batches, max_runs)
-    return _collected(runs, group, (seqlen_q, seqlen_k, batches), lambda: _evaluate_rows(
-        fn, mask_mod, seqlen_q, seqlen_k, device, first, last, runs))
+    return _collected(fn, group, collect)
 
 
 def _check_lengths(fn, mask_mod, seqlen_q, seqlen_k, batches):
@@ -208,21 +219,6 @@ def _share(total, group):
         return 0, total
     rank, world = dist.get_rank(group), dist.get_world_size(group)
     return total * rank // world, total * (rank + 1) // world
-
-
-def _collected(runs, group, arguments, work):
-    """Runs `work` (which fills `runs`) and returns the mask; with a group, every rank's runs,
-    an error on any rank raised on all."""
-    failure = None
-    try:
-        work()
-    except Exception as e:  # noqa: BLE001 (raised again, on every rank of the group)
-        if group is None:
-            raise
-        failure = e
-    if group is None:
-        return runs.mask()
-    return runs.mask(runs.gathered(group, failure, arguments))
 
 
 def _evaluate_rows(fn, mask_mod, seqlen_q, seqlen_k, device, first, last, runs):
@@ -278,13 +274,31 @@ def from_block_mask(block_mask, device=None, max_runs=None, group=None) -> Mask:
     of its partial blocks that its mask_mod attends (a batch of B > 1 packed, and `group` used,
     as in from_mask_mod). Evaluated on the block mask's device unless `device` says otherwise."""
     fn = "flexcp.masks.from_block_mask"
-    needed = ("mask_mod", "seq_lengths", "kv_num_blocks", "kv_indices", "BLOCK_SIZE")
-    if not all(hasattr(block_mask, a) for a in needed):
-        raise ValueError(f"{fn}: expected a torch.nn.attention.flex_attention.BlockMask, got "
-                         f"{type(block_mask).__name__}")
-    seqlen_q, seqlen_k = (integer(fn, "seq_lengths", n) for n in block_mask.seq_lengths)
-    q_block, k_block = (integer(fn, "BLOCK_SIZE", n) for n in block_mask.BLOCK_SIZE)
-    device = block_mask.kv_num_blocks.device if device is None else torch.device(device)
+
+    def collect():
+        needed = ("mask_mod", "seq_lengths", "kv_num_blocks", "kv_indices", "BLOCK_SIZE")
+        if not all(hasattr(block_mask, a) for a in needed):
+            raise ValueError(f"{fn}: expected a torch.nn.attention.flex_attention.BlockMask, got "
+                             f"{type(block_mask).__name__}")
+        seqlen_q, seqlen_k = (integer(fn, "seq_lengths", n) for n in block_mask.seq_lengths)
+        sizes = (seqlen_q, seqlen_k) + tuple(integer(fn, "BLOCK_SIZE", n)
+                                             for n in block_mask.BLOCK_SIZE)
+        on = block_mask.kv_num_blocks.device if device is None else torch.device(device)
+        full, partial = _block_grids(fn, block_mask, sizes, on)
+        batches = partial.shape[0]
+        _check_lengths(fn, block_mask.mask_mod, seqlen_q, seqlen_k, batches)
+        runs = _RunCollector(fn, seqlen_q * batches, seqlen_k * batches, max_runs)
+        first, last = _share(batches * partial.shape[1], group)
+        _evaluate_blocks(fn, block_mask.mask_mod, sizes, full, partial, first, last, runs)
+        return runs
+
+    return _collected(fn, group, collect)
+
+
+def _block_grids(fn, block_mask, sizes, device):
+    """The block mask's full and partial blocks as [B, q blocks, key blocks] grids on `device`,
+    cut to its lengths; a block listed both ways is refused."""
+    seqlen_q, seqlen_k, q_block, k_block = sizes
     q_blocks, k_blocks = -(-seqlen_q // q_block), -(-seqlen_k // k_block)
     grids = [_block_grid(fn, "partial blocks", block_mask.kv_num_blocks, block_mask.kv_indices)]
     if block_mask.full_kv_num_blocks is not None:
@@ -303,13 +317,7 @@ def from_block_mask(block_mask, device=None, max_runs=None, group=None) -> Mask:
         b, g, kb = both[0].tolist()
         raise ValueError(f"{fn}: block ({g}, {kb}) (q block, key block) of batch entry {b} is "
                          "listed both as full and as partial")
-    batches = partial.shape[0]
-    _check_lengths(fn, block_mask.mask_mod, seqlen_q, seqlen_k, batches)
-    first, last = _share(batches * q_blocks, group)
-    runs = _RunCollector(fn, seqlen_q * batches, seqlen_k * batches, max_runs)
-    sizes = (seqlen_q, seqlen_k, q_block, k_block)
-    return _collected(runs, group, (seqlen_q, seqlen_k, batches), lambda: _evaluate_blocks(
-        fn, block_mask.mask_mod, sizes, full, partial, first, last, runs))
+    return full, partial
 
 
 def _evaluate_blocks(fn, mask_mod, sizes, full, partial, first, last, runs):

@@ -382,7 +382,16 @@ NB_MODULE(_flexcp, m) {
         return masks::from_row_runs(seqlen_q, seqlen_k, runs);
       },
       nb::arg("seqlen_q"), nb::arg("seqlen_k"), nb::arg("runs"));
-  mk.def("document_ids", &masks::document_ids, nb::arg("mask"));
+  // As an int64 array (a list of a Python int per token would cost ~30x the memory).
+  mk.def(
+      "document_ids",
+      [](const Mask& mask) {
+        auto* ids = new std::vector<std::int64_t>(masks::document_ids(mask));
+        nb::capsule owner(
+            ids, [](void* p) noexcept { delete static_cast<std::vector<std::int64_t>*>(p); });
+        return nb::ndarray<nb::numpy, std::int64_t>(ids->data(), {ids->size()}, owner);
+      },
+      nb::arg("mask"));
   mk.def("pack", &masks::pack, nb::arg("masks"));
   mk.def("unite", &masks::unite, nb::arg("masks"));
   mk.def("intersect", &masks::intersect, nb::arg("masks"));

@@ -358,12 +358,22 @@ def group_worker(rank, world, init_file):
 
         with pytest.raises(KeyError if rank == world - 1 else ValueError,
                            match="the last rank's own error" if rank == world - 1 else
-                           f"rank {world - 1} of the group failed to evaluate its rows"):
+                           f"rank {world - 1} of the group failed \\(its error is raised there"):
             masks.from_mask_mod(fails_on_the_last_rank, 64, group=group)
+        # A bad argument on one rank only: that rank's error, and the others are told, not left
+        # waiting for it.
+        last = rank == world - 1
+        with pytest.raises(ValueError, match="seqlen_q is -1, expected >= 0" if last else
+                           f"rank {world - 1} of the group failed"):
+            masks.from_mask_mod(_causal, -1 if last else 64, group=group)
         if world > 1:
-            with pytest.raises(ValueError, match=r"rank 1 of the group was given \(seqlen_q, "
-                               r"seqlen_k, batch\) = \(65, 65, 1\), rank 0 \(64, 64, 1\)"):
-                masks.from_mask_mod(_causal, 64 + rank, group=group)
+            with pytest.raises(ValueError, match="rank 1 of the group was given a mask of 65 x 65 "
+                               "with max_runs 1048576, rank 0 one of 64 x 64 with max_runs "
+                               "1048576: every rank must pass the same"):
+                masks.from_mask_mod(_causal, 64 + min(rank, 1), group=group)
+            with pytest.raises(ValueError, match="with max_runs 100, rank 0 one of 64 x 64 with "
+                               "max_runs 1048576"):
+                masks.from_mask_mod(_causal, 64, max_runs=100 if rank else None, group=group)
         # Past max_runs over all ranks together, though no rank's share is: refused on all.
         with pytest.raises(ValueError, match=r"runs of attended keys over the group's ranks, "
                            r"more than 30 \(max_runs\)" if world > 1 else r"more than 30 runs"):
