@@ -43,16 +43,6 @@ def packed_batch(doc_lens, vocab, seed):
     return ids, positions, labels
 
 
-def dense_mask(mask):
-    """The same document mask for sdpa: bool [1, 1, T, T], True where attended."""
-    t = mask.seqlen_q
-    m = torch.zeros(t, t, dtype=torch.bool)
-    for q0, q1, k0, k1, kind in mask.slices:
-        assert kind == "causal"
-        m[q0:q1, k0:k1] = torch.ones(q1 - q0, k1 - k0, dtype=torch.bool).tril(k1 - k0 - (q1 - q0))
-    return m.view(1, 1, t, t)
-
-
 def train(implementation, steps, doc_lens):
     torch.manual_seed(0)
     config = LlamaConfig(vocab_size=101, hidden_size=64, intermediate_size=128,
@@ -64,7 +54,7 @@ def train(implementation, steps, doc_lens):
     mask = flexcp.masks.varlen_causal(doc_lens)
     ids, positions, labels = packed_batch(doc_lens, config.vocab_size, 1)
     extra = ({"flexcp_mask": mask} if implementation == "flexcp"
-             else {"attention_mask": dense_mask(mask)})
+             else {"attention_mask": mask.to_dense().view(1, 1, mask.seqlen_q, mask.seqlen_k)})
     losses, grads = [], None
     for _ in range(steps):
         out = model(input_ids=ids, position_ids=positions, labels=labels, **extra)

@@ -66,6 +66,10 @@ struct RowRun {
 FLEXCP_API Mask from_row_runs(std::int64_t seqlen_q, std::int64_t seqlen_k,
                               const std::vector<RowRun>& runs);
 
+// The reverse: every row's runs of attended keys, sorted by row, then by key, maximal (touching
+// runs joined), rows that attend nothing left out. What another library's per-row bounds take.
+FLEXCP_API std::vector<RowRun> row_runs(const Mask& mask);
+
 // A dense row-major seqlen_q x seqlen_k matrix of bytes, nonzero where (q, k) is attended. Costs
 // one read of every entry: for masks small enough to hold densely.
 FLEXCP_API Mask from_dense(std::int64_t seqlen_q, std::int64_t seqlen_k,

@@ -101,6 +101,46 @@ class Mask:
     def slices(self):
         return self._mask.slices()
 
+    def row_runs(self):
+        """Every row's runs of attended keys as an int64 [n, 3] tensor (row, begin, end): sorted
+        by row, then by key, maximal; rows that attend nothing left out."""
+        return torch.from_numpy(_flexcp.masks.row_runs(self._mask))
+
+    def to_dense(self, device="cpu"):
+        """The mask as a bool [seqlen_q, seqlen_k] tensor, True where attended (e.g. for SDPA's
+        attn_mask, where a dense matrix fits)."""
+        runs = self.row_runs().to(device)
+        edges = torch.zeros(self.seqlen_q, self.seqlen_k + 1, dtype=torch.int8, device=device)
+        ones = torch.ones(runs.shape[0], dtype=torch.int8, device=device)
+        edges.index_put_((runs[:, 0], runs[:, 1]), ones, accumulate=True)
+        edges.index_put_((runs[:, 0], runs[:, 2]), -ones, accumulate=True)
+        return edges.cumsum(1, dtype=torch.int8)[:, :-1] > 0
+
+    def to_mask_mod(self, device="cpu"):
+        """A FlexAttention mask_mod(b, h, q_idx, kv_idx) that attends this mask's pairs (for
+        create_block_mask, e.g. to run FlexAttention where flexcp's GPU kernels do not go, or to
+        compare). It looks each row's runs up in one table per run slot, indexed by q_idx only
+        (as FlexAttention's FLASH backend requires), so its cost grows with the most runs any row
+        has."""
+        runs = self.row_runs()
+        index = torch.int32 if self.seqlen_k < 2 ** 31 else torch.int64
+        counts = torch.bincount(runs[:, 0], minlength=self.seqlen_q)
+        slots = int(counts.max()) if runs.shape[0] else 0
+        slot = torch.arange(runs.shape[0]) - (torch.cumsum(counts, 0) - counts)[runs[:, 0]]
+        begin = torch.zeros(slots, self.seqlen_q, dtype=index)
+        end = torch.zeros(slots, self.seqlen_q, dtype=index)  # begin == end: no key
+        begin[slot, runs[:, 0]] = runs[:, 1].to(index)
+        end[slot, runs[:, 0]] = runs[:, 2].to(index)
+        tables = [(begin[j].to(device), end[j].to(device)) for j in range(slots)]
+
+        def mask_mod(b, h, q_idx, kv_idx):
+            attended = (q_idx < 0) & (kv_idx < 0)  # False, in the indices' shape
+            for first, stop in tables:
+                attended = attended | ((kv_idx >= first[q_idx]) & (kv_idx < stop[q_idx]))
+            return attended
+
+        return mask_mod
+
     def __or__(self, other):
         """The pairs either mask attends (flexcp.masks.union)."""
         if not isinstance(other, Mask):

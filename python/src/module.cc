@@ -168,6 +168,19 @@ Mask mask_from_array(const nb::ndarray<nb::ro, std::int64_t, nb::shape<-1, 5>, n
   return Mask(seqlen_q, seqlen_k, std::move(s));
 }
 
+// A vector of int64 records (an int64 each, or a struct of them) handed to NumPy without a
+// copy, [n] or [n, fields]: a list of a Python int per value would cost ~30x the memory.
+template <class T>
+nb::ndarray<nb::numpy, std::int64_t> int64_array(std::vector<T> values) {
+  constexpr std::size_t kFields = sizeof(T) / sizeof(std::int64_t);
+  static_assert(sizeof(T) == kFields * sizeof(std::int64_t) && alignof(T) == alignof(std::int64_t));
+  auto* held = new std::vector<T>(std::move(values));
+  nb::capsule owner(held, [](void* p) noexcept { delete static_cast<std::vector<T>*>(p); });
+  const std::size_t shape[2] = {held->size(), kFields};
+  return nb::ndarray<nb::numpy, std::int64_t>(reinterpret_cast<std::int64_t*>(held->data()),
+                                              kFields == 1 ? 1 : 2, shape, owner);
+}
+
 std::vector<SliceTuple> slice_tuples(const Mask& m) {
   std::vector<SliceTuple> out;
   for (const Slice& s : m.slices())
@@ -382,15 +395,11 @@ NB_MODULE(_flexcp, m) {
         return masks::from_row_runs(seqlen_q, seqlen_k, runs);
       },
       nb::arg("seqlen_q"), nb::arg("seqlen_k"), nb::arg("runs"));
-  // As an int64 array (a list of a Python int per token would cost ~30x the memory).
   mk.def(
-      "document_ids",
-      [](const Mask& mask) {
-        auto* ids = new std::vector<std::int64_t>(masks::document_ids(mask));
-        nb::capsule owner(
-            ids, [](void* p) noexcept { delete static_cast<std::vector<std::int64_t>*>(p); });
-        return nb::ndarray<nb::numpy, std::int64_t>(ids->data(), {ids->size()}, owner);
-      },
+      "row_runs", [](const Mask& mask) { return int64_array(masks::row_runs(mask)); },
+      nb::arg("mask"));
+  mk.def(
+      "document_ids", [](const Mask& mask) { return int64_array(masks::document_ids(mask)); },
       nb::arg("mask"));
   mk.def("pack", &masks::pack, nb::arg("masks"));
   mk.def("unite", &masks::unite, nb::arg("masks"));

@@ -71,10 +71,8 @@ void for_each_row(const std::vector<Mask>& masks, F&& f) {
   }
 }
 
-}  // namespace
-
-Mask unite(const std::vector<Mask>& masks) {
-  check_lengths("unite", masks);
+// Every row's runs of the keys any mask attends: sorted by row, then by key, maximal.
+std::vector<RowRun> united_runs(const std::vector<Mask>& masks) {
   std::vector<RowRun> runs;
   std::vector<Range> all;
   for_each_row(masks, [&](std::int64_t x, const std::vector<std::vector<Range>>& rows) {
@@ -83,7 +81,18 @@ Mask unite(const std::vector<Mask>& masks) {
     join(all);
     for (const Range& r : all) runs.push_back({x, r.begin, r.end});
   });
-  return from_row_runs(masks[0].seqlen_q(), masks[0].seqlen_k(), runs);
+  return runs;
+}
+
+}  // namespace
+
+std::vector<RowRun> row_runs(const Mask& mask) {
+  return united_runs({mask});
+}
+
+Mask unite(const std::vector<Mask>& masks) {
+  check_lengths("unite", masks);
+  return from_row_runs(masks[0].seqlen_q(), masks[0].seqlen_k(), united_runs(masks));
 }
 
 Mask intersect(const std::vector<Mask>& masks) {

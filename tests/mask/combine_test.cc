@@ -57,6 +57,27 @@ TEST(Combine, TheCombinationsUsersWrite) {
             masks::varlen_causal({30, 45, 25}).slices());
 }
 
+// row_runs: sorted, maximal, and exactly the mask's pairs; from_row_runs reads them back.
+TEST(Combine, RowRunsAreTheMasksRows) {
+  std::mt19937_64 rng(32);
+  for (int trial = 0; trial < 200; ++trial) {
+    const std::int64_t tq = std::uniform_int_distribution<std::int64_t>(0, 30)(rng);
+    const std::int64_t tk = std::uniform_int_distribution<std::int64_t>(0, 30)(rng);
+    const Mask m = test::random_mask(rng, tq, tk);
+    const auto runs = masks::row_runs(m);
+    std::vector<char> pairs(static_cast<std::size_t>(tq * tk), 0);
+    for (std::size_t i = 0; i < runs.size(); ++i) {
+      ASSERT_LT(runs[i].begin, runs[i].end);
+      if (i > 0 && runs[i].row == runs[i - 1].row)
+        ASSERT_GT(runs[i].begin, runs[i - 1].end) << "not sorted, or touching";
+      if (i > 0) ASSERT_GE(runs[i].row, runs[i - 1].row);
+      for (std::int64_t k = runs[i].begin; k < runs[i].end; ++k) pairs[runs[i].row * tk + k] = 1;
+    }
+    ASSERT_EQ(pairs, test::enumerate_pairs(m.slices(), tq, tk)) << "trial " << trial;
+    EXPECT_EQ(masks::from_row_runs(tq, tk, runs).area(), m.area());
+  }
+}
+
 TEST(Combine, LengthsMustAgree) {
   try {
     masks::unite({masks::causal(4, 4), masks::causal(4, 5)});

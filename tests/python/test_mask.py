@@ -204,3 +204,19 @@ def test_union_and_intersection_pair_by_pair():
         flexcp.masks.causal(4) | 3
     with pytest.raises(ValueError, match=r"masks\[0\] has type int, expected a flexcp.Mask"):
         flexcp.masks.intersection(3)
+
+
+def test_row_runs_dense_and_mask_mod_give_the_mask_back():
+    rng = random.Random(11)
+    for trial in range(30):
+        tq, tk = rng.randint(0, 25), rng.randint(0, 25)
+        mask = flexcp.Mask(random_mask_slices(rng, tq, tk), tq, tk)
+        want = dense_mask(mask)
+        runs = mask.row_runs()
+        assert runs.dtype == torch.int64 and runs.shape[1] == 3
+        assert torch.equal(mask.to_dense(), want), trial
+        mod = mask.to_mask_mod()
+        q, k = torch.arange(tq).unsqueeze(1), torch.arange(tk).unsqueeze(0)
+        assert torch.equal(torch.broadcast_to(mod(None, None, q, k), (tq, tk)), want), trial
+        again = flexcp.masks.from_mask_mod(mod, tq, tk)
+        assert torch.equal(dense_mask(again), want), trial

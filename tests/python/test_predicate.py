@@ -288,6 +288,25 @@ def test_flexcp_and_flex_attention_agree_on_a_block_mask():
 
 
 @needs_flex
+@pytest.mark.filterwarnings("ignore:flex_attention called without torch.compile")
+def test_flex_attention_runs_a_flexcp_mask():
+    # The other way: a flexcp mask (a prompt with answers, packed beside causal text with an
+    # image block) as FlexAttention's mask_mod, for where flexcp's GPU kernels do not go.
+    n = 200
+    text = flexcp.masks.causal(120) | flexcp.Mask([(30, 70, 30, 70, "full")], 120)
+    mask = masks.pack([masks.shared_question(20, [30, 30]), text])
+    assert mask.seqlen_q == n
+    block_mask = flex.create_block_mask(mask.to_mask_mod(), None, None, n, n, device="cpu",
+                                        BLOCK_SIZE=32)
+    assert torch.equal(dense_mask(masks.from_block_mask(block_mask)), dense_mask(mask))
+    gen = torch.Generator().manual_seed(12)
+    q, k, v = (torch.randn(1, 4, n, 64, generator=gen, dtype=torch.float64) for _ in range(3))
+    want = flex.flex_attention(q, k, v, block_mask=block_mask)
+    out, _ = flexcp.attention(*(t[0].transpose(0, 1).float() for t in (q, k, v)), mask)
+    torch.testing.assert_close(out.double(), want[0].transpose(0, 1), atol=2e-6, rtol=0)
+
+
+@needs_flex
 def test_per_head_block_masks_are_refused():
     block_mask = flex.create_block_mask(lambda b, h, q, k: (q >= k) | (h == 0), None, 2, 64, 64,
                                         device="cpu", BLOCK_SIZE=16)
