@@ -322,22 +322,21 @@ def _block_grids(fn, block_mask, sizes, device):
 
 def _evaluate_blocks(fn, mask_mod, sizes, full, partial, first, last, runs):
     """Packed q blocks [first, last) (block g of sequence b is b * q_blocks + g) into `runs`: a
-    full block's pairs as whole ranges, the mask_mod evaluated on the partial blocks only (so a
-    document mask costs its diagonal blocks, not the whole matrix)."""
+    full block's pairs as whole ranges, the mask_mod evaluated on the partial blocks' pairs only
+    (so a document mask costs its partial blocks, not the whole matrix)."""
     seqlen_q, seqlen_k, q_block, k_block = sizes
     q_blocks = full.shape[1]
-    widest = int(partial.sum(-1).max()) if partial.numel() else 0
-    entries = _BLOCK_ENTRIES["cuda" if full.device.type == "cuda" else "cpu"]
-    step = max(1, entries // (q_block * max(widest, 1) * k_block))
+    blocks_at_once = max(1, _BLOCK_ENTRIES["cuda" if full.device.type == "cuda" else "cpu"] //
+                         (q_block * k_block))
     head = torch.zeros((), dtype=torch.int64, device=full.device)
     with _HeadIndexRefused(fn, head):
         g = first
         while g < last:
             b, g0 = divmod(g, q_blocks)
-            g1 = min(g0 + step, q_blocks, g0 + last - g)
+            g1 = min(g0 + blocks_at_once, q_blocks, g0 + last - g)
             found = torch.cat([_full_block_runs(full[b, g0:g1], g0, sizes),
                                _partial_block_runs(fn, mask_mod, b, head, partial[b, g0:g1], g0,
-                                                   sizes)])
+                                                   sizes, blocks_at_once)])
             found[:, 0] += b * seqlen_q
             found[:, 1:] += b * seqlen_k
             order = torch.argsort(found[:, 0] * (seqlen_k * (b + 1) + 1) + found[:, 1])
@@ -356,29 +355,26 @@ def _full_block_runs(full, g0, sizes):
     return torch.stack([rows[keep], begins[keep], stops[keep]], dim=1)
 
 
-def _partial_block_runs(fn, mask_mod, b, head, partial, g0, sizes):
+def _partial_block_runs(fn, mask_mod, b, head, partial, g0, sizes, blocks_at_once):
     """(row, begin, end) of the mask_mod's runs inside the partial blocks of q blocks g0..: it is
-    evaluated on those blocks' pairs only (indices past the lengths clamped for the call, their
-    result dropped)."""
+    evaluated on those blocks' pairs only, `blocks_at_once` blocks a call (indices past the
+    lengths clamped for the call, their result dropped). A run cut by a block edge comes out in
+    pieces, which from_row_runs joins."""
     seqlen_q, seqlen_k, q_block, k_block = sizes
     device = partial.device
-    count = int(partial.sum(-1).max()) if partial.numel() else 0
-    if count == 0:
-        return torch.zeros(0, 3, dtype=torch.int64, device=device)
-    blocks = partial.shape[0]
-    # Each q block's partial key blocks in increasing order, padded to `count`.
-    which = torch.argsort((~partial).to(torch.int8), dim=-1, stable=True)[:, :count]
-    listed = torch.arange(count, device=device) < partial.sum(-1, keepdim=True)
-    q_idx = ((g0 + torch.arange(blocks, device=device)).unsqueeze(1) * q_block +
-             torch.arange(q_block, device=device)).unsqueeze(2)  # [blocks, q_block, 1]
-    kv_idx = (which.unsqueeze(2) * k_block + torch.arange(k_block, device=device))
-    kv_idx = kv_idx.reshape(blocks, 1, count * k_block)  # [blocks, 1, count * k_block]
-    inside = (q_idx < seqlen_q) & (kv_idx < seqlen_k) & \
-        listed.repeat_interleave(k_block, dim=1).unsqueeze(1)
+    listed = partial.nonzero()  # (q block from g0, key block) of each partial block
+    found = [torch.zeros(0, 3, dtype=torch.int64, device=device)]
     b_idx = torch.full((), b, dtype=torch.int64, device=device)
-    attended = _call(fn, mask_mod, b_idx, head, q_idx.clamp(max=max(seqlen_q - 1, 0)),
-                     kv_idx.clamp(max=max(seqlen_k - 1, 0))) & inside
-    starts, ends = _edges(attended.reshape(blocks, q_block, count, k_block))
-    rows = (g0 + starts[:, 0]) * q_block + starts[:, 1]
-    base = which[starts[:, 0], starts[:, 2]] * k_block
-    return torch.stack([rows, base + starts[:, 3], base + ends[:, 3]], dim=1)
+    rows_in, cols_in = (torch.arange(n, device=device) for n in (q_block, k_block))
+    for i in range(0, listed.shape[0], blocks_at_once):
+        g, kb = listed[i:i + blocks_at_once].unbind(1)
+        q_idx = ((g0 + g) * q_block).view(-1, 1, 1) + rows_in.view(1, -1, 1)  # [n, q_block, 1]
+        kv_idx = (kb * k_block).view(-1, 1, 1) + cols_in.view(1, 1, -1)  # [n, 1, k_block]
+        attended = _call(fn, mask_mod, b_idx, head, q_idx.clamp(max=max(seqlen_q - 1, 0)),
+                         kv_idx.clamp(max=max(seqlen_k - 1, 0)))
+        attended = attended & (q_idx < seqlen_q) & (kv_idx < seqlen_k)
+        starts, ends = _edges(attended)  # (block, row in it, key in it)
+        rows = (g0 + g[starts[:, 0]]) * q_block + starts[:, 1]
+        base = kb[starts[:, 0]] * k_block
+        found.append(torch.stack([rows, base + starts[:, 2], base + ends[:, 2]], dim=1))
+    return torch.cat(found)
