@@ -140,18 +140,19 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
       ml.wait_q();
       ml.wait_k();
       ml.turn_s_pv();
-      ml.wait_pv();
-      warpgroup_fence_operand(ml.tSrS);
+      ml.template wait_s<1>();
       ml.release_k();
-      ml.release_v();
       ml.clock.mark_outside(int(detail::FwdOutsidePhase::kLastTurn));
-      // The next item's first softmax before this item's epilogue: S is then free, which leaves
-      // the registers for the epilogue.
+      // The next item's first softmax runs while this item's last P V does (it reads P and
+      // writes O, neither of which the softmax touches: S turns into P in fp32, in place); then
+      // P is converted, which frees S's registers for this item's epilogue.
       const detail::Rows done = ml.rows;
       ml.start_item(next_item);
       ml.start_cursor();
       last = ml.take_block();
       ml.softmax();
+      ml.wait_pv();
+      ml.release_v();
       ml.convert_p();
       ml.clock.mark_outside(int(detail::FwdOutsidePhase::kFirstSoftmax));
       ml.epilogue(done);

@@ -105,9 +105,9 @@ static_assert(sizeof(kFwdPhaseNames) / sizeof(kFwdPhaseNames[0]) == int(FwdPhase
 // And of its item loop, from one item's last block to the next's second (PhaseClock::mark_outside).
 enum class FwdOutsidePhase : int {
   kLastTurn,  // take the next item; wait for its Q and K; the turn with this item's last P V and
-              // the next item's first S; wait for both
-  kFirstSoftmax,  // the next item's first block: cursor, mask, softmax (no product runs under it
-                  // from this group), P converted
+              // the next item's first S; wait for S
+  kFirstSoftmax,  // the next item's first block: cursor, mask, softmax while this item's last
+                  // P V runs; wait for that product, P converted
   kEpilogue,      // the finished item's O and lse normalised, staged and stored
   kCount
 };

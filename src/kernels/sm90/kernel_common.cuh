@@ -7,10 +7,29 @@
 #include <cstdint>
 #include <cute/arch/copy_sm90_tma.hpp>
 #include <cute/tensor.hpp>
+#include <type_traits>
 
 #include "kernels/sm90/grid_dependency.cuh"
 
 namespace flexcp::sm90::detail {
+
+// Slice kb of a product's operand. A shared-memory operand (a tensor of descriptors) gets its
+// descriptor by a 64-bit add to the first slice's: CuTe's iterator adds to the low word and copies
+// the high one, which ptxas turns into two additions and two moves per wgmma (both words of each
+// operand rebuilt in adjacent uniform registers); a 64-bit add is one `UIADD3.64` per operand, as
+// FlashAttention-4's issue loops have. The value is the same: the start address, in the low word,
+// never carries into the high one.
+template <class T>
+__device__ __forceinline__ auto k_slice(T const& t, int kb) {
+  using namespace cute;
+  if constexpr (std::is_same_v<std::decay_t<decltype(t.data())>, GMMA::DescriptorIterator>) {
+    GmmaDescriptor d;
+    d.desc_ = t.data().desc_.desc_ + std::uint64_t(t.layout()(0, 0, kb));
+    return make_tensor(GMMA::DescriptorIterator{d}, t(_, _, kb).layout());
+  } else {
+    return t(_, _, kb);
+  }
+}
 
 // Issues one warp-group matrix product (no commit, no wait). zero_init overwrites the accumulator.
 template <bool kZeroInit, class Mma, class TA, class TB, class TC>
@@ -19,7 +38,7 @@ __device__ __forceinline__ void issue_gemm(Mma& mma, TA const& a, TB const& b, T
   mma.accumulate_ = kZeroInit ? GMMA::ScaleOut::Zero : GMMA::ScaleOut::One;
   CUTLASS_PRAGMA_UNROLL
   for (int kb = 0; kb < size<2>(a); ++kb) {
-    gemm(mma, a(_, _, kb), b(_, _, kb), c);
+    gemm(mma, k_slice(a, kb), k_slice(b, kb), c);
     mma.accumulate_ = GMMA::ScaleOut::One;
   }
 }
