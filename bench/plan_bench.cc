@@ -8,6 +8,8 @@
 //           included; single-threaded) for 1M on 64 ranks and 8M on 1024;
 //   memory: peak resident memory of planning plain causal 1M on 4096 ranks, one rank's plan and
 //           the whole report (each in a child process).
+//   --kernel-plans: only one GPU's kernel plans (AttentionPlan, forward and forward+backward),
+//           causal and documents at 1K to 1M tokens.
 // One line per case; a Markdown table goes to --out. The sweep runs world sizes in parallel (its
 // figures are byte counts); the timed cases run alone, single-threaded.
 #include <omp.h>
@@ -137,6 +139,11 @@ SweepSummary sweep(const std::string& name, const flexcp::masks::Lengths& docs, 
   return s;
 }
 
+double median_of(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  return v[v.size() / 2];
+}
+
 struct TimeRow {
   std::string mask;
   std::int64_t tokens;
@@ -157,17 +164,13 @@ TimeRow time_case(const std::string& name, const Mask& mask, int world, int repe
     rank_ms.push_back(report.slowest_rank_ms);
     one_ms.push_back(flexcp::make_plan(mask, o, 0).plan_ms());
   }
-  auto median = [](std::vector<double> v) {
-    std::sort(v.begin(), v.end());
-    return v[v.size() / 2];
-  };
   const TimeRow row{name,
                     mask.seqlen_q(),
                     world,
-                    median(report_ms),
-                    median(dispatch_ms),
-                    median(rank_ms),
-                    median(one_ms),
+                    median_of(report_ms),
+                    median_of(dispatch_ms),
+                    median_of(rank_ms),
+                    median_of(one_ms),
                     report.dispatch.chunks_per_rank,
                     report.dispatch.imbalance};
   std::printf(
@@ -177,6 +180,46 @@ TimeRow time_case(const std::string& name, const Mask& mask, int world, int repe
       row.one_rank_ms, row.imbalance);
   std::fflush(stdout);
   return row;
+}
+
+// One GPU's kernel plan (AttentionPlan for a CUDA shape, GQA 64:8, head dim 128, bf16: what a
+// call of flexcp.attention with a mask builds each time), forward only and forward+backward, on
+// causal and packed documents from 1K to 1M tokens, single-threaded. Planned for 132 SMs where
+// no GPU is present. Returns the Markdown table.
+std::string time_kernel_plans(const std::vector<std::int64_t>& lengths, int repeat) {
+  std::ostringstream md;
+  md << "## Kernel plans (one GPU; median of " << repeat << ", single-threaded)\n\n"
+     << "| mask | tokens | forward ms | forward+backward ms |\n|---|---|---|---|\n";
+  for (const std::int64_t tokens : {1024L, 4096L, 32768L, 131072L, kMillion}) {
+    const auto docs = flexcp::masks::pack_lengths(lengths, tokens, tokens / 4);
+    for (const auto& [name, mask] :
+         {std::pair{std::string("causal"), flexcp::masks::causal(tokens, tokens)},
+          std::pair{std::string("varlen-causal"), flexcp::masks::varlen_causal(docs)}}) {
+      const flexcp::AttentionShape shape{.seqlen_q = tokens,
+                                         .seqlen_k = tokens,
+                                         .heads_q = 64,
+                                         .heads_kv = 8,
+                                         .head_dim = 128,
+                                         .dtype = flexcp::DType::kBFloat16,
+                                         .device = flexcp::Device::kCuda};
+      double ms[2];
+      for (const bool backward : {false, true}) {
+        std::vector<double> times;
+        for (int i = 0; i < repeat; ++i) {
+          const auto start = std::chrono::steady_clock::now();
+          const flexcp::AttentionPlan plan(mask, shape, {.backward = backward});
+          times.push_back(
+              std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start)
+                  .count());
+        }
+        ms[backward] = median_of(times);
+      }
+      std::printf("[case] kernel-plan mask=%s T=%lld [result] forward_ms=%.3f both_ms=%.3f\n",
+                  name.c_str(), (long long)tokens, ms[0], ms[1]);
+      md << "| " << name << " | " << tokens << " | " << ms[0] << " | " << ms[1] << " |\n";
+    }
+  }
+  return md.str();
 }
 
 // Peak resident memory (MiB) of `work` run in a child process.
@@ -210,9 +253,18 @@ int main(int argc, char** argv) {
       ->check(CLI::PositiveNumber)
       ->capture_default_str();
   app.add_option("--window", window, "Sliding window of the timed cases")->capture_default_str();
+  bool kernel_plans = false;
+  app.add_flag("--kernel-plans", kernel_plans,
+               "Only time one GPU's kernel plans (what a call with a mask builds), 1K to 1M");
   CLI11_PARSE(app, argc, argv);
   const auto lengths = doc_lens.empty() ? flexcp::tools::default_document_lengths()
                                         : flexcp::masks::read_lengths_file(doc_lens);
+  if (kernel_plans) {
+    omp_set_num_threads(1);
+    const std::string table = time_kernel_plans(lengths, repeat);
+    if (!out_path.empty()) std::ofstream(out_path) << table;
+    return 0;
+  }
 
   // Memory first, in children (getrusage reports the largest child, so the smaller case first).
   const Mask causal = flexcp::masks::causal(kMillion, kMillion);

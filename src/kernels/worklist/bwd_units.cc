@@ -5,7 +5,6 @@
 #include <cstdint>
 #include <functional>
 #include <limits>
-#include <queue>
 #include <stdexcept>
 #include <string>
 #include <utility>
@@ -55,24 +54,37 @@ struct Item {
   BwdWalk walk;
 };
 
-// The persistent scheduler: the next unit goes to the SM that is free first.
-double simulate(const std::vector<double>& costs, int sms) {
-  std::priority_queue<double, std::vector<double>, std::greater<>> free_at;
-  for (int i = 0; i < sms; ++i) free_at.push(0.0);
+// The persistent scheduler: the next unit goes to the SM that is free first. Returns when the
+// last unit ends, or infinity as soon as that passes `bound` (a search for the shortest needs no
+// more); `free_at` is scratch, kept as a min-heap.
+double simulate(const std::vector<double>& costs, int sms, std::vector<double>& free_at,
+                double bound = std::numeric_limits<double>::infinity()) {
+  free_at.assign(static_cast<std::size_t>(sms), 0.0);  // all equal: already a heap
   double end = 0;
   for (const double c : costs) {
-    const double t = free_at.top() + c;
-    free_at.pop();
-    free_at.push(t);
-    end = std::max(end, t);
+    std::pop_heap(free_at.begin(), free_at.end(), std::greater<>());
+    free_at.back() += c;
+    end = std::max(end, free_at.back());
+    if (end >= bound) return std::numeric_limits<double>::infinity();
+    std::push_heap(free_at.begin(), free_at.end(), std::greater<>());
   }
   return end;
+}
+
+double simulate(const std::vector<double>& costs, int sms) {
+  std::vector<double> free_at;
+  return simulate(costs, sms, free_at);
 }
 
 std::int64_t splits_for(std::int64_t blocks, double target) {
   if (double(blocks) <= target) return 1;
   const auto want = static_cast<std::int64_t>(std::ceil(double(blocks) / target));
   return std::max<std::int64_t>(1, std::min(want, blocks / kMinUnitBlocks));
+}
+
+// A unit of `blocks` q blocks of an item cut into `splits`, in blocks' time.
+double unit_cost(std::int64_t blocks, std::int64_t splits) {
+  return double(blocks) + kUnitOverhead + (splits > 1 ? kSplitOverhead : 0.0);
 }
 
 // The units of `items` (in order) with every item cut to at most `target` blocks.
@@ -95,8 +107,7 @@ BwdUnits cut(const std::vector<Item>& items, double target, int sms) {
         unit.counter = static_cast<std::int32_t>(u.counters);
       }
       u.units.push_back(unit);
-      costs.push_back(double(unit.block_end - unit.block_begin) + kUnitOverhead +
-                      (splits > 1 ? kSplitOverhead : 0.0));
+      costs.push_back(unit_cost(unit.block_end - unit.block_begin, splits));
     }
     if (splits > 1) {
       u.slots += splits;
@@ -105,6 +116,30 @@ BwdUnits cut(const std::vector<Item>& items, double target, int sms) {
   }
   u.predicted = simulate(costs, sms);
   return u;
+}
+
+// What cut() would predict, without making the units: its finish time (infinity past `bound`)
+// and its slots. The search over splits tries 14 cuts; only the one it keeps is made.
+struct CutCost {
+  double predicted = 0;
+  std::int64_t slots = 0;
+};
+struct CutScratch {
+  std::vector<double> costs, free_at;
+};
+CutCost cut_cost(const std::vector<Item>& items, double target, int sms, double bound,
+                 CutScratch& scratch) {
+  CutCost c;
+  scratch.costs.clear();
+  for (const Item& it : items) {
+    const std::int64_t splits = splits_for(it.blocks, target);
+    for (std::int64_t s = 0; s < splits; ++s)
+      scratch.costs.push_back(
+          unit_cost(it.blocks * (s + 1) / splits - it.blocks * s / splits, splits));
+    if (splits > 1) c.slots += splits;
+  }
+  c.predicted = simulate(scratch.costs, sms, scratch.free_at, bound);
+  return c;
 }
 
 // Whether the plan's items drift apart on the SMs and are long enough for head units.
@@ -279,8 +314,8 @@ BwdUnits plan_bwd_units(const WorkList& cols, const BwdUnitOptions& o) {
       work += double(blocks[t]) + kUnitOverhead;
     }
   constexpr double kNoSplit = std::numeric_limits<double>::infinity();
-  BwdUnits best = cut(items, kNoSplit, o.sms);
-  const double unsplit = best.predicted;
+  CutScratch scratch;
+  const double unsplit = cut_cost(items, kNoSplit, o.sms, kNoSplit, scratch).predicted;
   // A forced walk asks for item units (it compares the walks), unless head units are asked too.
   // Decided before the item units' splits are searched, which head units would not use.
   const bool heads =
@@ -290,23 +325,28 @@ BwdUnits plan_bwd_units(const WorkList& cols, const BwdUnitOptions& o) {
     h.predicted_unsplit = unsplit;
     return h;
   }
+  const std::vector<Item>* chosen_order = &items;  // unsplit, unless the search finds better
+  double chosen_target = kNoSplit;
+  std::vector<Item> busiest_first;
   if (o.sms > 1 && !items.empty()) {
-    std::vector<Item> busiest_first = items;
+    busiest_first = items;
     std::stable_sort(busiest_first.begin(), busiest_first.end(),
                      [](const Item& a, const Item& b) { return a.blocks > b.blocks; });
     const double per_sm = work / o.sms;
     double best_predicted = unsplit;
-    BwdUnits chosen;
-    auto consider = [&](BwdUnits u) {
-      if (u.slots > kMaxSlotsPerSm * o.sms || u.predicted >= best_predicted) return;
-      best_predicted = u.predicted;
-      chosen = std::move(u);
+    auto consider = [&](const std::vector<Item>& order, double target) {
+      const CutCost c = cut_cost(order, target, o.sms, best_predicted, scratch);
+      if (c.slots > kMaxSlotsPerSm * o.sms || c.predicted >= best_predicted) return;
+      best_predicted = c.predicted;
+      chosen_order = &order;
+      chosen_target = target;
     };
-    consider(cut(busiest_first, kNoSplit, o.sms));
+    consider(busiest_first, kNoSplit);
     for (const std::vector<Item>* order : {&items, &busiest_first})
-      for (const double d : kTargetDivisors) consider(cut(*order, per_sm / d, o.sms));
-    if (best_predicted < unsplit * (1 - kMinGain)) best = std::move(chosen);
+      for (const double d : kTargetDivisors) consider(*order, per_sm / d);
+    if (best_predicted >= unsplit * (1 - kMinGain)) chosen_order = &items, chosen_target = kNoSplit;
   }
+  BwdUnits best = cut(*chosen_order, chosen_target, o.sms);
   best.predicted_unsplit = unsplit;
   // Past the first waves, units start one by one as SMs free up, out of step (BwdWalk).
   if (o.walk || best.units.size() > static_cast<std::size_t>(kInnerWalkWaves) * o.sms)
