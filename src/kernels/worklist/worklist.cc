@@ -43,20 +43,23 @@ Unmasked unmasked_interval(const TileSpan& s, std::int64_t block_cols) {
   return cost(aligned) <= cost(first) ? aligned : first;
 }
 
-void append_tile_entries(const Band& band, std::int32_t band_idx, std::int64_t row0,
-                         std::int64_t row1, std::int64_t block_cols, std::vector<WorkEntry>& out) {
+// The entries of one (band, tile) pair: at most three (a masked edge, the unmasked interval, the
+// other masked edge). Returns how many it wrote.
+int tile_entries(const Band& band, std::int32_t band_idx, std::int64_t row0, std::int64_t row1,
+                 std::int64_t block_cols, WorkEntry (&out)[3]) {
   const TileSpan s = band_tile_span(band, row0, row1);
-  if (s.rows_begin >= s.rows_end || s.span_begin >= s.span_end) return;
+  if (s.rows_begin >= s.rows_end || s.span_begin >= s.span_end) return 0;
   const bool whole_tile = s.rows_begin == row0 && s.rows_end == row1;
   const Unmasked u = unmasked_interval(s, block_cols);
   if (u.begin == u.end) {
-    out.push_back({s.span_begin, s.span_end, band_idx, EntryMask::kElements});
-    return;
+    out[0] = {s.span_begin, s.span_end, band_idx, EntryMask::kElements};
+    return 1;
   }
-  if (s.span_begin < u.begin)
-    out.push_back({s.span_begin, u.begin, band_idx, EntryMask::kElements});
-  out.push_back({u.begin, u.end, band_idx, whole_tile ? EntryMask::kNone : EntryMask::kRows});
-  if (u.end < s.span_end) out.push_back({u.end, s.span_end, band_idx, EntryMask::kElements});
+  int n = 0;
+  if (s.span_begin < u.begin) out[n++] = {s.span_begin, u.begin, band_idx, EntryMask::kElements};
+  out[n++] = {u.begin, u.end, band_idx, whole_tile ? EntryMask::kNone : EntryMask::kRows};
+  if (u.end < s.span_end) out[n++] = {u.end, s.span_end, band_idx, EntryMask::kElements};
+  return n;
 }
 
 }  // namespace
@@ -98,21 +101,30 @@ WorkList build_work_list(const std::vector<Band>& row_bands, std::int64_t num_ro
     }
   }
 
-  // At most three entries a (band, tile) pair: reserved, so that the list is written once rather
-  // than copied as it grows (fresh pages were a third of a million-token plan's time); what is
-  // reserved and not written is never touched.
-  list.entries.reserve(3 * static_cast<std::size_t>(count.back()));
+  // The entries counted first, then written once: growing the list copied it into fresh pages
+  // each time (a third of a million-token plan's time).
   list.tile_offsets.assign(num_tiles + 1, 0);
   list.tile_area.assign(num_tiles, 0);
+  WorkEntry entries[3];
+  for (std::int64_t t = 0; t < num_tiles; ++t) {
+    const std::int64_t row0 = t * options.tile_rows;
+    const std::int64_t row1 = std::min(row0 + options.tile_rows, list.num_rows);
+    std::int64_t n = 0;
+    for (std::int64_t i = count[t]; i < count[t + 1]; ++i)
+      n += tile_entries(list.bands[tile_bands[i]], tile_bands[i], row0, row1, options.block_cols,
+                        entries);
+    list.tile_offsets[t + 1] = list.tile_offsets[t] + n;
+  }
+  list.entries.reserve(static_cast<std::size_t>(list.tile_offsets[num_tiles]));
   for (std::int64_t t = 0; t < num_tiles; ++t) {
     const std::int64_t row0 = t * options.tile_rows;
     const std::int64_t row1 = std::min(row0 + options.tile_rows, list.num_rows);
     for (std::int64_t i = count[t]; i < count[t + 1]; ++i) {
       const Band& b = list.bands[tile_bands[i]];
-      append_tile_entries(b, tile_bands[i], row0, row1, options.block_cols, list.entries);
+      const int n = tile_entries(b, tile_bands[i], row0, row1, options.block_cols, entries);
+      list.entries.insert(list.entries.end(), entries, entries + n);
       list.tile_area[t] += band_area(b, row0, row1, b.begin_min, b.end_max);
     }
-    list.tile_offsets[t + 1] = static_cast<std::int64_t>(list.entries.size());
   }
   // Every tile is listed (an empty one still writes out = 0 and lse = -inf), busiest first.
   list.tile_order.resize(num_tiles);
