@@ -69,6 +69,8 @@ fi
 if [[ -n ${PYFRONT:-} ]]; then
   PYTHONPATH=$pkg python3 bench/python_front_bench.py --out "$out/python-front.md" \
     > "$out/python-front.log" 2>&1 || rc=1
+  PYTHONPATH=$pkg python3 bench/python_host_overhead.py --device cuda \
+    >> "$out/python-front.md" 2>> "$out/python-front.log" || rc=1
   echo "python front bench: $((SECONDS - t0)) s (python-front.md)" >> "$summary"
 fi
 

@@ -28,7 +28,10 @@ _INT64 = (-(1 << 63), (1 << 63) - 1)
 
 def integer(fn: str, name: str, x) -> int:
     """An int (or a NumPy or torch integer, or a float with no fraction, as a float tensor's
-    tolist() gives) that the C++ side's int64 holds; 4.5 is an error, not 4."""
+    tolist() gives) that the C++ side's int64 holds; 4.5 is an error, not 4, and so is True
+    (an int to Python, but never a length or a head count a user meant)."""
+    if isinstance(x, bool):
+        raise ValueError(f"{fn}: {name} is {x!r}, expected an integer")
     try:
         value = int(x) if isinstance(x, float) and x.is_integer() else operator.index(x)
     except TypeError:

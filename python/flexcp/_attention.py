@@ -6,6 +6,7 @@ tensor plus its lengths, and rebuild the validated C++ mask on each call, or, gi
 from typing import Optional, Tuple, Union
 
 import torch
+from torch.utils.dlpack import to_dlpack
 
 from . import _flexcp
 from ._args import real_number, scale_option
@@ -18,19 +19,31 @@ _DTYPES = (torch.float32,) + _LOW_PRECISION
 _AUTOCAST_DEVICES = ("cpu", "cuda")
 
 
-def _stream(t: torch.Tensor) -> int:
-    return torch.cuda.current_stream(t.device).cuda_stream if t.is_cuda else 0
+def _current_stream(t: torch.Tensor) -> Optional[torch.cuda.Stream]:
+    return torch.cuda.current_stream(t.device) if t.is_cuda else None
+
+
+def _raw(stream: Optional[torch.cuda.Stream]) -> int:
+    return 0 if stream is None else stream.cuda_stream
+
+
+def _dlpack(*tensors):
+    """The tensors as DLPack capsules for the module: what it would take from each tensor's
+    __dlpack__, whose checks in Python cost ~2.5 us a tensor (15 tensors a training step); the
+    tensors here are the ops' own (detached, strided, on one device), and the stream is passed
+    to the module explicitly, so no stream synchronisation is skipped."""
+    return tuple(None if t is None else to_dlpack(t) for t in tensors)
 
 
 def _mask(slices: torch.Tensor, seqlen_q: int, seqlen_k: int):
     return _flexcp.Mask.from_array(slices, seqlen_q, seqlen_k)
 
 
-def _plan(plan_id: int, q: torch.Tensor, fn: str):
+def _plan(plan_id: int, q: torch.Tensor, stream: Optional[torch.cuda.Stream], fn: str):
     """The C++ plan of `plan_id`, noted as used on q's stream."""
     plan = plan_of(plan_id, fn)
-    if q.device == plan.device and q.is_cuda:  # (on another device the C++ side names it)
-        plan._used_on(torch.cuda.current_stream(q.device))
+    if q.device == plan.device and stream is not None:  # (another device: the C++ side names it)
+        plan._used_on(stream)
     return plan._plan
 
 
@@ -42,13 +55,15 @@ def _forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, slices: torch.Te
     # that autograd's context sees it.
     out = torch.empty_like(q, memory_format=torch.contiguous_format)
     lse = torch.empty(q.shape[:2], dtype=torch.float32, device=q.device)
-    tensors = (q.detach(), k.detach(), v.detach())
-    numbers = (scale, softcap, None if sink is None else sink.detach(), _stream(q))
+    stream = _current_stream(q)
+    tensors = _dlpack(q.detach(), k.detach(), v.detach())
+    outputs = _dlpack(out, lse)
+    numbers = (scale, softcap, *_dlpack(None if sink is None else sink.detach()), _raw(stream))
     if plan_id:
-        _flexcp.forward_planned(_plan(plan_id, q, "flexcp.attention"), *tensors, out, lse,
-                                *numbers)
+        _flexcp.forward_planned(_plan(plan_id, q, stream, "flexcp.attention"), *tensors,
+                                *outputs, *numbers)
     else:
-        _flexcp.forward(*tensors, _mask(slices, seqlen_q, seqlen_k), out, lse, *numbers)
+        _flexcp.forward(*tensors, _mask(slices, seqlen_q, seqlen_k), *outputs, *numbers)
     return out, lse
 
 
@@ -82,12 +97,15 @@ def _backward(dout: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Ten
     dv = torch.empty_like(v, memory_format=torch.contiguous_format)
     # Without a sink its gradient is an empty tensor (an op returns tensors only).
     dsink = torch.empty_like(sink) if sink is not None else q.new_empty(0, dtype=torch.float32)
-    inputs = (_readable_by_the_kernel(dout.detach()), q.detach(), k.detach(), v.detach(), out,
-              lse)
-    rest = (dq, dk, dv, scale, softcap, None if sink is None else sink.detach(),
-            None if sink is None else dsink, deterministic, _stream(q))
+    stream = _current_stream(q)
+    inputs = _dlpack(_readable_by_the_kernel(dout.detach()), q.detach(), k.detach(), v.detach(),
+                     out.detach(), lse.detach())
+    rest = (*_dlpack(dq, dk, dv), scale, softcap,
+            *_dlpack(None if sink is None else sink.detach(), None if sink is None else dsink),
+            deterministic, _raw(stream))
     if plan_id:
-        _flexcp.backward_planned(_plan(plan_id, q, "flexcp.attention (backward)"), *inputs, *rest)
+        _flexcp.backward_planned(_plan(plan_id, q, stream, "flexcp.attention (backward)"),
+                                 *inputs, *rest)
     else:
         _flexcp.backward(*inputs, _mask(slices, seqlen_q, seqlen_k), *rest)
     return dq, dk, dv, dsink
@@ -127,6 +145,26 @@ def _grad(ctx, dout, dlse):
 
 
 torch.library.register_autograd("flexcp::attention_forward", _grad, setup_context=_setup_context)
+
+
+class _Attention(torch.autograd.Function):
+    """The same autograd as the op's registration above, which serves a direct call of
+    torch.ops.flexcp.attention_forward; flexcp.attention goes through this Function instead.
+    torch.library's autograd layer rebuilds the call's arguments from the schema in Python on
+    every call (tens of microseconds of host time a training step:
+    bench/results/python-host-2026-12-05.md); a Function does that in C++, and inside its
+    forward the op runs without autograd. torch.compile traces it as it traces the op's
+    registration."""
+
+    # (forward with ctx rather than a setup_context: apply binds a setup_context Function's
+    # arguments with inspect.signature on every call, ~30 us.)
+    @staticmethod
+    def forward(ctx, *inputs):
+        output = _forward(*inputs)
+        _setup_context(ctx, inputs, output)
+        return output
+
+    backward = staticmethod(_grad)
 
 
 def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: Union[Mask, AttentionPlan],
@@ -170,6 +208,9 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: Union[Mas
         if name != "sink" and t.dtype not in _DTYPES:
             raise ValueError(f"flexcp.attention: {name} has dtype {t.dtype}, expected "
                              f"torch.float32, torch.bfloat16 or torch.float16")
+        if name == "sink" and t.dtype != torch.float32:
+            raise ValueError(f"flexcp.attention: sink has dtype {t.dtype}, expected "
+                             f"torch.float32 (one logit a q head, whatever q's dtype)")
     scale = scale_option("flexcp.attention", scale)
     softcap = real_number("flexcp.attention", "softcap", softcap)
     if not isinstance(deterministic, bool):
@@ -181,5 +222,8 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: Union[Mas
         low = torch.get_autocast_dtype(device_type)
         if low in _LOW_PRECISION:
             q, k, v = q.to(low), k.to(low), v.to(low)
-    return _forward(q, k, v, mask._slices, mask.seqlen_q, mask.seqlen_k,
-                    0 if plan is None else plan.id, scale, softcap, sink, deterministic)
+    args = (q, k, v, mask._slices, mask.seqlen_q, mask.seqlen_k, 0 if plan is None else plan.id,
+            scale, softcap, sink, deterministic)
+    if torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in (q, k, v, sink)):
+        return _Attention.apply(*args)
+    return _forward(*args)  # nothing to differentiate: the op alone

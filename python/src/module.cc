@@ -10,6 +10,7 @@
 
 #include <cstdint>
 #include <cstdio>
+#include <iterator>
 #include <memory>
 #include <string>
 #include <tuple>
@@ -30,6 +31,19 @@ using SliceTuple = std::tuple<std::int64_t, std::int64_t, std::int64_t, std::int
   throw Error(Status::kInvalidArgument, message);
 }
 
+// A DLPack dtype as NumPy and torch spell it (int32, uint8, bool, complex64), for messages.
+std::string dtype_name(const nb::dlpack::dtype& d) {
+  // Indexed by DLPack's type code (3 is unused); codes past these are the 8-, 6- and 4-bit
+  // floats, which only newer nanobinds name.
+  constexpr const char* kKinds[] = {"int", "uint", "float", nullptr, "bfloat", "complex"};
+  if (d.code == static_cast<std::uint8_t>(nb::dlpack::dtype_code::Bool)) return "bool";
+  if (d.code >= std::size(kKinds) || kKinds[d.code] == nullptr)
+    return std::to_string(d.bits) + "-bit DLPack type code " + std::to_string(d.code);
+  std::string name = kKinds[d.code] + std::to_string(d.bits);
+  if (d.lanes != 1) name += "x" + std::to_string(d.lanes);
+  return name;
+}
+
 DType dtype_of(const nb::dlpack::dtype& d, const char* fn, const char* name) {
   using Code = nb::dlpack::dtype_code;
   const auto code = static_cast<Code>(d.code);
@@ -39,8 +53,8 @@ DType dtype_of(const nb::dlpack::dtype& d, const char* fn, const char* name) {
     if (code == Code::Bfloat && d.bits == 16) return DType::kBFloat16;
     if (code == Code::Float && d.bits == 64) return DType::kFloat64;
   }
-  bad(std::string(fn) + ": " + name + " has dtype code " + std::to_string(d.code) + " with " +
-      std::to_string(d.bits) + " bits, expected float32, bfloat16 or float16");
+  bad(std::string(fn) + ": " + name + " has dtype " + dtype_name(d) +
+      ", expected float32, bfloat16 or float16");
 }
 
 // A DLPack tensor as a flexcp view (strides in elements; row-major when the producer gave none).

@@ -99,6 +99,13 @@ TEST(Masks, BadArgumentsAreNamed) {
     }
     return std::string();
   };
+  EXPECT_EQ(message([] { masks::causal(-1, 4); }),
+            "flexcp::masks::causal: seqlen_q is -1, expected 0 to 2147483648 (kMaxSeqlen, 2^31 "
+            "tokens)");
+  EXPECT_EQ(message([] { masks::full(4, kMaxSeqlen + 1); }),
+            "flexcp::masks::full: seqlen_k is 2147483649, expected 0 to 2147483648 (kMaxSeqlen, "
+            "2^31 tokens)");
+  EXPECT_EQ(message([] { masks::causal(kMaxSeqlen, kMaxSeqlen); }), "");  // exactly the most
   EXPECT_EQ(message([] { masks::sliding_window({4}, 0, masks::WindowKind::kCausal); }),
             "flexcp::masks::sliding_window: window is 0, expected >= 1");
   EXPECT_EQ(message([] {

@@ -185,6 +185,10 @@ def worker(rank, world, init_file):
         with pytest.raises(ValueError, match="k has dtype bf16, expected fp32"):
             attn(torch.zeros(lq, HQ, D), torch.zeros(lk, HK, D).bfloat16(),
                  torch.zeros(lk, HK, D))
+        with pytest.raises(ValueError, match="dtype torch.int16, expected float32, "
+                                             "bfloat16 or float16"):
+            attn(torch.zeros(lq, HQ, D, dtype=torch.int16), torch.zeros(lk, HK, D),
+                 torch.zeros(lk, HK, D))
         qkv = torch.zeros(lq, HQ, D), torch.zeros(lk, HK, D), torch.zeros(lk, HK, D)
         with pytest.raises(ValueError, match="flexcp.DistAttention: scale is 0, expected a "
                                              "nonzero number"):

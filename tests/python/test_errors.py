@@ -25,6 +25,9 @@ def test_shapes_dtypes_and_masks_are_named():
         flexcp.attention(q, k, torch.randn(10, 2, 8), m)
     with pytest.raises(ValueError, match="sink has shape \\[3\\], expected dim 0 to be 4"):
         flexcp.attention(q, k, v, m, sink=torch.zeros(3))
+    for dtype in (torch.int32, torch.bfloat16):  # one logit a q head, in fp32 whatever q's dtype
+        with pytest.raises(ValueError, match=f"sink has dtype {dtype}, expected torch.float32"):
+            flexcp.attention(q, k, v, m, sink=torch.zeros(4, dtype=dtype))
     with pytest.raises(ValueError, match="softcap is -1.000000, expected a finite number >= 0"):
         flexcp.attention(q, k, v, m, softcap=-1.0)
     with pytest.raises(ValueError, match="q has dtype torch.int64, expected torch.float32, "
@@ -40,6 +43,18 @@ def test_shapes_dtypes_and_masks_are_named():
         flexcp.attention(q, k.numpy(), v, m)
 
 
+def test_the_module_names_a_dtype_it_cannot_take():
+    # What reaches the compiled module from any DLPack producer (the public functions check
+    # torch's dtypes first, in torch's words).
+    q, k, v, m = make()
+    out, lse = torch.empty_like(q), torch.empty(q.shape[:2])
+    for bad, name in ((torch.int16, "int16"), (torch.uint8, "uint8"), (torch.bool, "bool"),
+                      (torch.complex64, "complex64")):
+        with pytest.raises(ValueError, match=f"k has dtype {name}, expected "
+                                             "float32, bfloat16 or float16"):
+            flexcp._flexcp.forward(q, k.to(bad), v, m._mask, out, lse, 0.25, 0.0, None, 0)
+
+
 def test_options_that_are_not_real_numbers_are_named():
     q, k, v, m = make()
     with pytest.raises(ValueError, match="flexcp.attention: scale must be a real number, got str"):
@@ -48,6 +63,12 @@ def test_options_that_are_not_real_numbers_are_named():
         flexcp.attention(q, k, v, m, softcap=None)
     with pytest.raises(ValueError, match="scale must be a real number, got bool"):
         flexcp.attention(q, k, v, m, scale=True)
+    # An int to Python, but never a head count or a length a user meant.
+    with pytest.raises(ValueError, match="flexcp.AttentionPlan: heads_q is True, expected an "
+                                         "integer"):
+        flexcp.AttentionPlan(m, True, 1, 16, dtype=torch.float32)
+    with pytest.raises(ValueError, match="seqlen_q is False, expected an integer"):
+        flexcp.masks.causal(False)
 
 
 def test_a_zero_scale_is_refused_not_replaced():
