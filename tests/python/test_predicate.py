@@ -93,6 +93,22 @@ def test_random_matrices_come_back_exactly():
         assert torch.equal(dense_mask(masks.from_dense(attended)), attended), trial
 
 
+def test_runs_are_found_whether_transitions_are_sparse_or_dense():
+    # Runs are found from 8-byte words that hold a transition (few, for ranges), or from every
+    # byte where a quarter of the words hold one (a dense pattern): both ways exact, on lines
+    # whose padded length is not a multiple of 8 and on a broadcast (stride 0) matrix.
+    gen = torch.Generator().manual_seed(5)
+    cols = torch.arange(1001)
+    for trial in range(20):
+        begins = torch.randint(0, 1001, (37, 3), generator=gen).sort(dim=1).values
+        ends = begins + torch.randint(0, 200, (37, 3), generator=gen)
+        sparse = ((cols >= begins[:, :1]) & (cols < ends[:, :1])) | \
+                 ((cols >= begins[:, 2:]) & (cols < ends[:, 2:]))
+        dense = torch.rand(37, 1001, generator=gen) < 0.5
+        for attended in (sparse, dense, sparse[:1].expand(29, 1001)):
+            assert torch.equal(dense_mask(masks.from_dense(attended)), attended), trial
+
+
 def test_random_slice_unions_come_back_exactly():
     rng = random.Random(4)
     for trial in range(60):
