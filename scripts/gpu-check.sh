@@ -71,6 +71,8 @@ if [[ -n ${PYFRONT:-} ]]; then
     > "$out/python-front.log" 2>&1 || rc=1
   PYTHONPATH=$pkg python3 bench/python_host_overhead.py --device cuda \
     >> "$out/python-front.md" 2>> "$out/python-front.log" || rc=1
+  PYTHONPATH=$pkg python3 bench/mask_from_pairs_bench.py --device cuda --lengths 4096 16384 \
+    131072 >> "$out/python-front.md" 2>> "$out/python-front.log" || rc=1
   echo "python front bench: $((SECONDS - t0)) s (python-front.md)" >> "$summary"
 fi
 
