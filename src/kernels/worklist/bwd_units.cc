@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstddef>
 #include <cstdint>
 #include <functional>
 #include <limits>
@@ -59,13 +60,21 @@ struct Item {
 // more); `free_at` is scratch, kept as a min-heap.
 double simulate(const std::vector<double>& costs, int sms, std::vector<double>& free_at,
                 double bound = std::numeric_limits<double>::infinity()) {
-  free_at.assign(static_cast<std::size_t>(sms), 0.0);  // all equal: already a heap
-  double end = 0;
-  for (const double c : costs) {
+  constexpr double kPast = std::numeric_limits<double>::infinity();
+  // The first `sms` units start at once, each on an SM of its own (all are free at 0): their
+  // ends are their costs, heaped in one pass rather than popped and pushed one by one. A short
+  // plan (fewer units than SMs) ends with its longest unit, and needs no heap at all.
+  const auto first = static_cast<std::ptrdiff_t>(std::min(costs.size(), std::size_t(sms)));
+  double end = first > 0 ? *std::max_element(costs.begin(), costs.begin() + first) : 0.0;
+  if (end >= bound) return kPast;
+  if (first == static_cast<std::ptrdiff_t>(costs.size())) return end;
+  free_at.assign(costs.begin(), costs.begin() + first);
+  std::make_heap(free_at.begin(), free_at.end(), std::greater<>());
+  for (auto c = costs.begin() + first; c != costs.end(); ++c) {
     std::pop_heap(free_at.begin(), free_at.end(), std::greater<>());
-    free_at.back() += c;
+    free_at.back() += *c;
     end = std::max(end, free_at.back());
-    if (end >= bound) return std::numeric_limits<double>::infinity();
+    if (end >= bound) return kPast;
     std::push_heap(free_at.begin(), free_at.end(), std::greater<>());
   }
   return end;
