@@ -151,6 +151,14 @@ CutCost cut_cost(const std::vector<Item>& items, double target, int sms, double 
           unit_cost(it.blocks * (s + 1) / splits - it.blocks * s / splits, splits));
     if (splits > 1) c.slots += splits;
   }
+  // No schedule ends before its longest unit, nor before the average SM's share: a cut that
+  // cannot beat `bound` even so is not simulated (what simulate would say of it all the same).
+  double total = 0, longest = 0;
+  for (const double cost : scratch.costs) total += cost, longest = std::max(longest, cost);
+  if (std::max(longest, total / sms) >= bound) {
+    c.predicted = std::numeric_limits<double>::infinity();
+    return c;
+  }
   c.predicted = simulate(scratch.costs, sms, scratch.free_at, bound);
   return c;
 }
