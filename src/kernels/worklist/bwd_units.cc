@@ -143,21 +143,27 @@ struct CutScratch {
 CutCost cut_cost(const std::vector<Item>& items, double target, int sms, double bound,
                  CutScratch& scratch) {
   CutCost c;
-  scratch.costs.clear();
+  // No schedule ends before its longest unit, nor before the average SM's share: a cut that
+  // cannot beat `bound` even so is not made into units' costs nor simulated (simulate would
+  // refuse it all the same: every cost is a whole number of blocks, so is the end). An item of
+  // b blocks in s units has units of ceil(b / s) blocks at most.
+  double total = 0, longest = 0;
   for (const Item& it : items) {
+    const std::int64_t splits = splits_for(it.blocks, target);
+    total += double(it.blocks) + double(splits) * unit_cost(0, splits);
+    longest = std::max(longest, unit_cost((it.blocks + splits - 1) / splits, splits));
+    if (splits > 1) c.slots += splits;
+  }
+  if (std::max(longest, total / sms) >= bound) {
+    c.predicted = std::numeric_limits<double>::infinity();
+    return c;
+  }
+  scratch.costs.clear();
+  for (const Item& it : items) {  // (splits found again: cheaper than storing them, at 1M items)
     const std::int64_t splits = splits_for(it.blocks, target);
     for (std::int64_t s = 0; s < splits; ++s)
       scratch.costs.push_back(
           unit_cost(it.blocks * (s + 1) / splits - it.blocks * s / splits, splits));
-    if (splits > 1) c.slots += splits;
-  }
-  // No schedule ends before its longest unit, nor before the average SM's share: a cut that
-  // cannot beat `bound` even so is not simulated (what simulate would say of it all the same).
-  double total = 0, longest = 0;
-  for (const double cost : scratch.costs) total += cost, longest = std::max(longest, cost);
-  if (std::max(longest, total / sms) >= bound) {
-    c.predicted = std::numeric_limits<double>::infinity();
-    return c;
   }
   c.predicted = simulate(scratch.costs, sms, scratch.free_at, bound);
   return c;
