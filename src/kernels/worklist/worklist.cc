@@ -44,9 +44,9 @@ Unmasked unmasked_interval(const TileSpan& s, std::int64_t block_cols) {
 }
 
 // The entries of one (band, tile) pair: at most three (a masked edge, the unmasked interval, the
-// other masked edge). Returns how many it wrote.
+// other masked edge), written from `out` on. Returns how many it wrote.
 int tile_entries(const Band& band, std::int32_t band_idx, std::int64_t row0, std::int64_t row1,
-                 std::int64_t block_cols, WorkEntry (&out)[3]) {
+                 std::int64_t block_cols, WorkEntry* out) {
   const TileSpan s = band_tile_span(band, row0, row1);
   if (s.rows_begin >= s.rows_end || s.span_begin >= s.span_end) return 0;
   const bool whole_tile = s.rows_begin == row0 && s.rows_end == row1;
@@ -105,24 +105,25 @@ WorkList build_work_list(const std::vector<Band>& row_bands, std::int64_t num_ro
   // each time (a third of a million-token plan's time).
   list.tile_offsets.assign(num_tiles + 1, 0);
   list.tile_area.assign(num_tiles, 0);
-  WorkEntry entries[3];
+  WorkEntry scratch[3];
   for (std::int64_t t = 0; t < num_tiles; ++t) {
     const std::int64_t row0 = t * options.tile_rows;
     const std::int64_t row1 = std::min(row0 + options.tile_rows, list.num_rows);
     std::int64_t n = 0;
     for (std::int64_t i = count[t]; i < count[t + 1]; ++i)
       n += tile_entries(list.bands[tile_bands[i]], tile_bands[i], row0, row1, options.block_cols,
-                        entries);
+                        scratch);
     list.tile_offsets[t + 1] = list.tile_offsets[t] + n;
   }
-  list.entries.reserve(static_cast<std::size_t>(list.tile_offsets[num_tiles]));
+  // Written in place: the pass above counted exactly what this one writes.
+  list.entries.resize(static_cast<std::size_t>(list.tile_offsets[num_tiles]));
+  WorkEntry* out = list.entries.data();
   for (std::int64_t t = 0; t < num_tiles; ++t) {
     const std::int64_t row0 = t * options.tile_rows;
     const std::int64_t row1 = std::min(row0 + options.tile_rows, list.num_rows);
     for (std::int64_t i = count[t]; i < count[t + 1]; ++i) {
       const Band& b = list.bands[tile_bands[i]];
-      const int n = tile_entries(b, tile_bands[i], row0, row1, options.block_cols, entries);
-      list.entries.insert(list.entries.end(), entries, entries + n);
+      out += tile_entries(b, tile_bands[i], row0, row1, options.block_cols, out);
       list.tile_area[t] += band_area(b, row0, row1, b.begin_min, b.end_max);
     }
   }
