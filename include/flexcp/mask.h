@@ -77,5 +77,9 @@ class FLEXCP_API Mask {
 // Checks the rules of DESIGN §2 without building a Mask; throws the same errors.
 FLEXCP_API void validate_slices(std::int64_t seqlen_q, std::int64_t seqlen_k,
                                 const std::vector<Slice>& slices);
+// Its check of the lengths alone (0 to kMaxSeqlen each), for code that takes them before it has
+// slices; `fn`, if given, starts the message ("flexcp::masks::causal").
+FLEXCP_API void validate_seqlens(std::int64_t seqlen_q, std::int64_t seqlen_k,
+                                 const char* fn = nullptr);
 
 }  // namespace flexcp

@@ -95,12 +95,16 @@ bool slice_attends(const Slice& s, std::int64_t q, std::int64_t k) {
   return false;
 }
 
-void validate_slices(std::int64_t seqlen_q, std::int64_t seqlen_k,
-                     const std::vector<Slice>& slices) {
+void validate_seqlens(std::int64_t seqlen_q, std::int64_t seqlen_k, const char* fn) {
   for (auto [name, n] : {std::pair{"seqlen_q", seqlen_q}, {"seqlen_k", seqlen_k}})
     if (n < 0 || n > kMaxSeqlen)
-      fail(std::string(name) + " is " + std::to_string(n) + ", expected 0 to " +
-           std::to_string(kMaxSeqlen) + " (kMaxSeqlen, 2^31 tokens)");
+      fail((fn ? std::string(fn) + ": " : std::string()) + name + " is " + std::to_string(n) +
+           ", expected 0 to " + std::to_string(kMaxSeqlen) + " (kMaxSeqlen, 2^31 tokens)");
+}
+
+void validate_slices(std::int64_t seqlen_q, std::int64_t seqlen_k,
+                     const std::vector<Slice>& slices) {
+  validate_seqlens(seqlen_q, seqlen_k);
   for (std::size_t i = 0; i < slices.size(); ++i) {
     check_range(i, "q", slices[i].q, seqlen_q, "seqlen_q");
     check_range(i, "k", slices[i].k, seqlen_k, "seqlen_k");

@@ -2,7 +2,6 @@
 
 #include <algorithm>
 #include <sstream>
-#include <utility>
 
 #include "core/text_file.h"
 #include "flexcp/status.h"
@@ -42,26 +41,17 @@ void add(std::vector<Slice>& out, std::int64_t qb, std::int64_t qe, std::int64_t
   if (qb < qe && kb < ke) out.push_back({{qb, qe}, {kb, ke}, type});
 }
 
-// The lengths of a builder that takes them directly, named with the builder (the Mask would
-// refuse them too, without saying whose they were).
-void check_seqlens(const char* fn, std::int64_t seqlen_q, std::int64_t seqlen_k) {
-  for (auto [name, n] : {std::pair{"seqlen_q", seqlen_q}, {"seqlen_k", seqlen_k}})
-    if (n < 0 || n > kMaxSeqlen)
-      fail(std::string("flexcp::masks::") + fn + ": " + name + " is " + std::to_string(n) +
-           ", expected 0 to " + std::to_string(kMaxSeqlen) + " (kMaxSeqlen, 2^31 tokens)");
-}
-
 }  // namespace
 
 Mask full(std::int64_t seqlen_q, std::int64_t seqlen_k) {
-  check_seqlens("full", seqlen_q, seqlen_k);
+  validate_seqlens(seqlen_q, seqlen_k, "flexcp::masks::full");
   std::vector<Slice> s;
   add(s, 0, seqlen_q, 0, seqlen_k, MaskType::kFull);
   return Mask(seqlen_q, seqlen_k, std::move(s));
 }
 
 Mask causal(std::int64_t seqlen_q, std::int64_t seqlen_k) {
-  check_seqlens("causal", seqlen_q, seqlen_k);
+  validate_seqlens(seqlen_q, seqlen_k, "flexcp::masks::causal");
   std::vector<Slice> s;
   add(s, 0, seqlen_q, 0, seqlen_k, MaskType::kCausal);
   return Mask(seqlen_q, seqlen_k, std::move(s));
