@@ -3,6 +3,8 @@
 # not run on a GPU lives on main as a patch, since branches do not outlast a session) checked and
 # measured against the tree it applies to.
 #   scripts/gpu-patch.sh PATCH OUT [lengths...]          (lengths default 32768 8192)
+# PATCH may name several patches joined by commas (a.patch,b.patch): all are applied, and measured
+# together as one change (one call where device minutes are short).
 # 1. copies this tree (the patch not applied) to .ab-patch-base, the A/B's B;
 # 2. applies the patch here and runs scripts/gpu-check.sh without the Python suite: OUT/check
 #    (build, ptxas's C75xx count, the whole ctest), then, if that passed, OUT/sanitize
@@ -21,6 +23,8 @@
 set -uo pipefail
 cd "$(dirname "$0")/.." || exit 1
 patch=${1:?patch file}
+IFS=, read -r -a patches <<< "$patch"
+label=$(for f in "${patches[@]}"; do basename "$f"; done | paste -sd+)
 out=${2:?output folder}
 shift 2
 (($#)) || set -- 32768 8192  # the lengths
@@ -33,7 +37,7 @@ ab_both() {
   for dir in fwd bwd; do
     backward=
     [[ $dir == bwd ]] && backward=1
-    BACKWARD=$backward ROUNDS=${ROUNDS:-2} A_LABEL="this tree + $(basename "$patch")" \
+    BACKWARD=$backward ROUNDS=${ROUNDS:-2} A_LABEL="this tree + $label" \
       scripts/gpu-ab.sh "$base" "$out/ab-$dir" "$@" || status=1
   done
   return $status
@@ -43,8 +47,10 @@ rm -rf "$base" && mkdir -p "$base"
 # cache copied from another folder)
 tar --exclude=./build --exclude=./build-ab --exclude=./.deps --exclude='./.ab-*' --exclude=./.git \
   --exclude=./.fa4 -cf - . | tar -xf - -C "$base"
-git apply "$patch" || { echo "gpu-patch: $patch does not apply to this tree"; exit 2; }
-echo "gpu-patch: $patch applied; B is the tree without it ($base)"
+for f in "${patches[@]}"; do
+  git apply "$f" || { echo "gpu-patch: $f does not apply to this tree"; exit 2; }
+done
+echo "gpu-patch: $label applied; B is the tree without it ($base)"
 if [[ -n ${SAME_BITS:-} ]]; then
   if ! A_TREE=. BUILD_ONLY=1 scripts/gpu-ab.sh "$base" "$out/build" > "$out/build.log" 2>&1; then
     tail -20 "$out/build.log"
@@ -73,7 +79,7 @@ grep -E "^ctest|^compute-sanitizer|^ptxas" "$out/check/summary.txt" "$out/saniti
 if [[ ${BACKWARD-1} == both ]]; then
   ab_both "$@" || rc=1
 else
-  BACKWARD=${BACKWARD-1} ROUNDS=${ROUNDS:-2} A_LABEL="this tree + $(basename "$patch")" \
+  BACKWARD=${BACKWARD-1} ROUNDS=${ROUNDS:-2} A_LABEL="this tree + $label" \
     scripts/gpu-ab.sh "$base" "$out/ab" "$@" || rc=1
 fi
 if [[ -n ${PHASES:-} ]]; then
