@@ -17,14 +17,19 @@ from collections import OrderedDict
 BLOCK_ROWS, TILE_KEYS, ENTRY_KB = 64, 128, 64
 
 
-def tile_blocks(seqlen, mask, tile, doc_len=0):
+def tile_blocks(seqlen, mask, tile, doc_len=0, window=0):
     """The q blocks a key tile's walk visits (one q head), in walk order (from its first row): all
-    of them (full), those from the tile's first row (causal), or, for documents of doc_len tokens
-    packed (varlen-causal), those from the row to the end of each document the tile touches."""
+    of them (full), those from the tile's first row (causal), those from it to the last row whose
+    window of `window` keys (itself included) reaches the tile (swa), or, for documents of doc_len
+    tokens packed (varlen-causal), those from the row to the end of each document the tile
+    touches."""
     if mask == "full":
         return list(range(seqlen // BLOCK_ROWS))
     if mask == "causal":
         return list(range(tile * TILE_KEYS // BLOCK_ROWS, seqlen // BLOCK_ROWS))
+    if mask == "swa":
+        last_row = min((tile + 1) * TILE_KEYS - 1 + window - 1, seqlen - 1)
+        return list(range(tile * TILE_KEYS // BLOCK_ROWS, last_row // BLOCK_ROWS + 1))
     blocks, k0, k1 = [], tile * TILE_KEYS, (tile + 1) * TILE_KEYS
     for start in range(k0 - k0 % doc_len, k1, doc_len):
         end = min(start + doc_len, seqlen)
@@ -34,10 +39,10 @@ def tile_blocks(seqlen, mask, tile, doc_len=0):
     return blocks
 
 
-def layouts(seqlen, mask, heads_kv, group, doc_len):
+def layouts(seqlen, mask, heads_kv, group, doc_len, window):
     """Each layout: its units in scheduler order, a unit being its list of (q head, block) visits."""
     def tile_blocks_(t):
-        return tile_blocks(seqlen, mask, t, doc_len)
+        return tile_blocks(seqlen, mask, t, doc_len, window)
 
     tiles = sorted(range(seqlen // TILE_KEYS), key=lambda t: -len(tile_blocks_(t)))
 
@@ -105,18 +110,20 @@ def miss_rate(units, sms, capacity):
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--seqlen", type=int, default=32768)
-    ap.add_argument("--mask", choices=["full", "causal", "varlen-causal"], default="causal")
+    ap.add_argument("--mask", choices=["full", "causal", "varlen-causal", "swa"], default="causal")
     ap.add_argument("--doc-len", type=int, default=2048, help="varlen-causal: tokens a document")
+    ap.add_argument("--window", type=int, default=4096, help="swa: keys a row sees, its own included")
     ap.add_argument("--heads-kv", type=int, default=8)
     ap.add_argument("--group", type=int, default=8, help="q heads per kv head")
     ap.add_argument("--sms", type=int, default=132)
     ap.add_argument("--l2-mb", type=float, nargs="+", default=[40.0])
     args = ap.parse_args()
     for name, make in layouts(args.seqlen, args.mask, args.heads_kv, args.group,
-                              args.doc_len).items():
+                              args.doc_len, args.window).items():
         units = make()
         rates = [miss_rate(units, args.sms, int(mb * 1024 / ENTRY_KB)) for mb in args.l2_mb]
-        label = args.mask + (f" (documents of {args.doc_len})" if args.mask == "varlen-causal" else "")
+        label = args.mask + (f" (documents of {args.doc_len})" if args.mask == "varlen-causal" else
+                             f" (window {args.window})" if args.mask == "swa" else "")
         print(f"{label} {args.seqlen}: {name}: misses " +
               ", ".join(f"{r:.3f} at {mb:g} MB" for r, mb in zip(rates, args.l2_mb)), flush=True)
 

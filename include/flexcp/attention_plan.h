@@ -76,7 +76,9 @@ class FLEXCP_API AttentionPlan {
   // Writes the work lists into `workspace` (device memory of the plan's device, at least
   // workspace_bytes() bytes, 256-byte aligned), in order on `cuda_stream`, and keeps the pointer:
   // from then on the plan runs from that memory, which must outlive its use. One launch at a
-  // time per workspace (stream order); bind another plan for another stream. Needs a CUDA build.
+  // time per workspace (stream order); bind another plan for another stream. Returns without
+  // waiting for the stream's earlier work (the lists go through pinned memory). Refused while the
+  // stream captures a CUDA graph: bind first, then capture the calls. Needs a CUDA build.
   void bind_workspace(void* workspace, std::size_t bytes, void* cuda_stream = nullptr);
   bool has_workspace() const;
 

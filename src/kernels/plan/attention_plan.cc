@@ -14,6 +14,7 @@
 #include "kernels/plan/attention_plan_impl.h"
 #include "kernels/tiles.h"
 #if defined(FLEXCP_WITH_CUDA)
+#include "kernels/cuda/host_staging.h"
 #include "kernels/cuda/runtime.h"
 #include "kernels/sm90/sm90_forward.h"
 #include "kernels/sm90/sm90_host.h"
@@ -294,19 +295,26 @@ void AttentionPlan::bind_workspace(void* workspace, std::size_t bytes, void* cud
   if ((attr.type != cudaMemoryTypeDevice && attr.type != cudaMemoryTypeManaged) ||
       attr.device != m.shape.device_index)
     c.fail("workspace is not device memory of " + device_name(Device::kCuda, m.shape.device_index));
+  const cuda::DeviceGuard guard(m.shape.device_index, fn);
+  const auto stream = static_cast<cudaStream_t>(cuda_stream);
+  // A graph would replay the copy from a staging block that later calls reuse.
+  cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
+  cuda::check(cudaStreamIsCapturing(stream, &capture), fn, "cudaStreamIsCapturing");
+  if (capture != cudaStreamCaptureStatusNone)
+    throw Error(Status::kInvalidUsage,
+                fn + ": the stream is capturing a CUDA graph; bind the workspace before the "
+                     "capture (the plan's calls may be captured, its one copy of the lists not)");
   WorkspaceWriter sizer(0, nullptr);
   lay_out_plan(m, sizer);
   // Only the lists are copied; the backward's scratch (which may be gigabytes) is filled by its
-  // kernels.
-  std::vector<unsigned char> image(sizer.copied_size());
-  WorkspaceWriter writer(reinterpret_cast<std::uintptr_t>(workspace), image.data());
-  lay_out_plan(m, writer);
-  const cuda::DeviceGuard guard(m.shape.device_index, fn);
-  // NOTE: from pageable memory the copy returns once the image is staged, so it may go out of
-  // scope; the device sees it in stream order.
-  cuda::check(cudaMemcpyAsync(workspace, image.data(), image.size(), cudaMemcpyHostToDevice,
-                              static_cast<cudaStream_t>(cuda_stream)),
-              fn, "copying the work lists to the device");
+  // kernels. Through pinned memory, so that the host does not wait for the stream's earlier work.
+  cuda::HostStaging::shared().copy_to_device(
+      workspace, sizer.copied_size(), stream,
+      [&](unsigned char* image) {
+        WorkspaceWriter writer(reinterpret_cast<std::uintptr_t>(workspace), image);
+        lay_out_plan(m, writer);
+      },
+      fn);
   m.workspace = workspace;
 #else
   (void)cuda_stream;

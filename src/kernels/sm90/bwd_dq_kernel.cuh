@@ -180,11 +180,14 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
     const int end = int(entry.end);
     if (entry.mask != EntryMask::kNone || k0 + kBlockN > end) {
       const Band band = p.work.bands[entry.band];
+      int lo32[2], hi32[2];  // relative to this thread's first column, col_base
       CUTLASS_PRAGMA_UNROLL
       for (int h = 0; h < 2; ++h) {
         const BlockColumns cols = attended_columns(band, entry.mask, row[h], k0, end, kBlockN);
-        detail::mask_outside<kBlockN>(tSrS, h, int(cols.lo) - col_base, int(cols.hi) - col_base);
+        lo32[h] = int(cols.lo) - col_base;
+        hi32[h] = int(cols.hi) - col_base;
       }
+      detail::mask_outside<kBlockN>(tSrS, lo32, hi32, col_base);
     }
     CUTLASS_PRAGMA_UNROLL
     for (int x = 0; x < size(tSrS); ++x)

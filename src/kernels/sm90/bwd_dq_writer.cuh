@@ -12,9 +12,14 @@
 // Per group g, two named barriers of the group's 128 threads and the writer's 32:
 //   kDqEmpty + g  the writer's reductions have read the tile (the group syncs before staging)
 //   kDqStaged + g the group has staged and fenced the tile (the writer syncs before reducing)
-// Each side passes each barrier once per block, and kDqEmpty once more: the writer's first
-// arrive frees both tiles, and the groups' last sync, after their items, matches the writer's
-// last release.
+// Each side passes each barrier once per block, and kDqEmpty once more: the writer frees both
+// tiles at the start of each block and once after its items, which the groups' last sync, after
+// their items, matches.
+//
+// A block's reductions are issued one group after the other as each tile is staged, and both
+// are in flight together: the writer waits for their reads only at the next block, freeing each
+// tile as soon as its own reductions have read it (bulk groups complete in order). Waiting for
+// group 0's reads before taking group 1's tile held group 1's reductions back by group 0's.
 #pragma once
 
 #include <cutlass/arch/barrier.h>
@@ -31,6 +36,20 @@ __device__ __forceinline__ std::uint32_t dq_barrier(BwdBarrier b, int group) {
   return static_cast<std::uint32_t>(b) + static_cast<std::uint32_t>(group);
 }
 
+// Frees each group's tile once the copy engine has read it for the block before: the tiles'
+// bulk groups were committed in group order, so tile g is read when at most kConsumers - 1 - g
+// groups are pending. The whole writer warp arrives (named barriers count warps).
+template <class Cfg, int g = 0>
+__device__ __forceinline__ void release_dq_tiles(bool issuer) {
+  if constexpr (g < Cfg::kConsumers) {
+    if (issuer) cute::tma_store_wait<Cfg::kConsumers - 1 - g>();
+    __syncwarp();
+    cutlass::arch::NamedBarrier::arrive(Cfg::kDqHandoffThreads,
+                                        dq_barrier(BwdBarrier::kDqEmpty, g));
+    release_dq_tiles<Cfg, g + 1>(issuer);
+  }
+}
+
 // The whole writer warp runs this (named barriers count warps); lane 0 issues the copies.
 template <class Cfg, class Storage, class Pipeline>
 __device__ __forceinline__ void write_dq_blocks(const BwdParams& p, Storage& ss,
@@ -40,8 +59,6 @@ __device__ __forceinline__ void write_dq_blocks(const BwdParams& p, Storage& ss,
   constexpr std::uint32_t kThreads = Cfg::kDqHandoffThreads;
   const bool issuer = threadIdx.x % 32 == 0;
   if (issuer && p.seqlen_q > 0) prefetch_tma_descriptor(&p.tma_dq);
-  for (int g = 0; g < Cfg::kConsumers; ++g)  // both staging tiles start free
-    NamedBarrier::arrive(kThreads, dq_barrier(BwdBarrier::kDqEmpty, g));
   typename Pipeline::PipelineState item_state;
   for (;;) {
     const int i = Cfg::Items::take(pipe_item, item_state, ss.items);
@@ -49,6 +66,7 @@ __device__ __forceinline__ void write_dq_blocks(const BwdParams& p, Storage& ss,
     const BwdItem it = decode_bwd_item(p, i);
     if (it.e_begin == it.e_end) continue;
     walk_unit(p, it, [&](int hq, int c0, const WorkEntry&) {
+      release_dq_tiles<Cfg>(issuer);  // the last block's (none pending before the first)
       for (int g = 0; g < Cfg::kConsumers; ++g) {
         NamedBarrier::sync(kThreads, dq_barrier(BwdBarrier::kDqStaged, g));
         if (issuer) {
@@ -57,14 +75,12 @@ __device__ __forceinline__ void write_dq_blocks(const BwdParams& p, Storage& ss,
           for (int panel = 0; panel < Cfg::kDqPanels; ++panel)
             SM90_TMA_REDUCE_ADD_3D::copy(&p.tma_dq, tile + panel * Cfg::kBlockM * kBwdDqBoxCols,
                                          g * Cfg::kDqCols + panel * kBwdDqBoxCols, c0, hq);
-          tma_store_arrive();
-          tma_store_wait<0>();  // the copy engine has read the tile
+          tma_store_arrive();  // one bulk group per tile
         }
-        __syncwarp();
-        NamedBarrier::arrive(kThreads, dq_barrier(BwdBarrier::kDqEmpty, g));
       }
     });
   }
+  release_dq_tiles<Cfg>(issuer);  // matches the groups' sync after their items
 }
 
 // A consumer group's side: wait until its staging tile is free (before writing it, and once after

@@ -274,30 +274,36 @@ struct BwdBlockMma {
     clock.mark(BwdPhase::kDqDk);
 
     // This group's half of dQ into its staging tile, in the 128-byte swizzle of the TMA map (the
-    // 16-byte chunk index XOR the row mod 8), once the writer's reductions have read the last
-    // block's. A half-warp's 64-bit stores meet 2-way bank conflicts there (its 4 rows XOR onto
-    // the same chunk pairs): staged in slabs of 8 columns instead, conflict-free, the reductions'
-    // 32-byte rows cost more than the conflicts (bench/results/h200-backward-2026-12-03.md).
+    // 16-byte unit index XOR the row mod 8), once the writer's reductions have read the last
+    // block's: 8 stmatrix of 4 matrices a thread, conflict-free (the 8 rows of a matrix fall on 8
+    // different units). stmatrix moves 16-bit pairs; an fp32 value rides as one pair, so a matrix
+    // row (16 bytes) holds the four lanes' values of one column parity, and each 8-column group
+    // of the tile is staged, added and kept in the accumulator in the order 0 2 4 6 1 3 5 7
+    // (bwd_postprocess reads it back). 64-bit stores in the columns' own order met 2-way bank
+    // conflicts (a half-warp's 4 rows XOR onto the same unit pairs); slabs of 8 columns were
+    // conflict-free but their 32-byte rows cost the reductions more than the conflicts
+    // (bench/results/h200-backward-2026-12-03.md section 3).
     // Rows past the entry are staged as zeros: the reduction adds the whole box, and those rows
     // may belong to another entry (or attend keys whose values are not finite).
     if constexpr (Cfg::kAccumulateDq) {
       wait_dq_tile_free<Cfg>(half);
       clock.mark(BwdPhase::kDqFree);
       float* dq_stage = ss.dq.data() + half * kBlockM * Cfg::kDqCols;
+      // Matrix i of an stmatrix is (column parity i % 2, row half i / 2) of one 8-column group,
+      // its register this thread's value c + 2 h + 4 j of the accumulator; lane l gives the
+      // address of row l % 8 of matrix l / 8.
+      const int lane = threadIdx.x % 32;
+      const int parity = lane / 8 % 2;
+      const int r = row_in_group - lane / 4 + 8 * (lane / 16) + lane % 8;
+      const bool live[2] = {c0 + row_in_group < int(entry.end),
+                            c0 + row_in_group + 8 < int(entry.end)};
+      auto bits = [&](int i) { return live[i / 2 % 2] ? __float_as_uint(tdQrdQ(i)) : 0u; };
       CUTLASS_PRAGMA_UNROLL
-      for (int h = 0; h < 2; ++h) {
-        const int r = row_in_group + 8 * h;
-        const bool live = c0 + r < int(entry.end);
-        CUTLASS_PRAGMA_UNROLL
-        for (int j = 0; j < Cfg::kDqCols / 8; ++j) {
-          const int col = 8 * (j % 4) + col_base;  // within the panel
-          const int chunk = (col / 4) ^ (r % 8);
-          float* at = dq_stage + (j / 4) * kBlockM * kBwdDqBoxCols + r * kBwdDqBoxCols + chunk * 4 +
-                      col % 4;
-          *reinterpret_cast<float2*>(at) =
-              live ? make_float2(tdQrdQ(2 * h + 4 * j), tdQrdQ(1 + 2 * h + 4 * j))
-                   : make_float2(0.f, 0.f);
-        }
+      for (int j = 0; j < Cfg::kDqCols / 8; ++j) {
+        const int unit = (2 * (j % 4) + parity) ^ (r % 8);  // within the panel's row
+        float* at = dq_stage + (j / 4) * kBlockM * kBwdDqBoxCols + r * kBwdDqBoxCols + unit * 4;
+        cute::SM90_U32x4_STSM_N::copy(bits(4 * j), bits(4 * j + 1), bits(4 * j + 2),
+                                      bits(4 * j + 3), *reinterpret_cast<cute::uint128_t*>(at));
       }
       hand_over_dq_tile<Cfg>(half);
       clock.mark(BwdPhase::kDqStage);

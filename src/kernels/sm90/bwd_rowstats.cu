@@ -120,7 +120,10 @@ __global__ void bwd_postprocess(const RowStatsParams p) {
     const std::int64_t t = row / p.heads_q, h = row % p.heads_q;
     const float4* a = reinterpret_cast<const float4*>(p.scratch.dq_accum) + 2 * i;
     const float4 lo = __ldcs(a), hi = __ldcs(a + 1);  // read once: stream past the caches
-    const float f[kVec] = {lo.x, lo.y, lo.z, lo.w, hi.x, hi.y, hi.z, hi.w};
+    // Each 8-column group in the order 0 2 4 6 1 3 5 7, as the main kernel stages and adds it
+    // (bwd_mainloop.cuh): column 2 i is lo's i-th value, column 2 i + 1 hi's.
+    static_assert(kVec == 8);
+    const float f[kVec] = {lo.x, hi.x, lo.y, hi.y, lo.z, hi.z, lo.w, hi.w};
     uint4 packed;
     T* out = reinterpret_cast<T*>(&packed);
 #pragma unroll

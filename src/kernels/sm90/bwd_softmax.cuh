@@ -62,12 +62,15 @@ __device__ __forceinline__ void probabilities_t(const BwdParams& p, Frag& s, con
   const int end = int(entry.end);
   if (entry.mask != EntryMask::kNone || c0 + kBlockM > end || key0 + kBlockN > p.seqlen_k) {
     const Band band = p.work.bands[entry.band];
+    int lo32[2], hi32[2];  // relative to this thread's first column, col_base
     CUTLASS_PRAGMA_UNROLL
     for (int h = 0; h < 2; ++h) {
       BlockColumns cols = attended_columns(band, entry.mask, key + 8 * h, c0, end, kBlockM);
       if (key + 8 * h >= p.seqlen_k) cols = {0, 0};
-      mask_outside<kBlockM>(s, h, int(cols.lo) - col_base, int(cols.hi) - col_base);
+      lo32[h] = int(cols.lo) - col_base;
+      hi32[h] = int(cols.hi) - col_base;
     }
+    mask_outside<kBlockM>(s, lo32, hi32, col_base);
   }
   CUTLASS_PRAGMA_UNROLL
   for (int x = 0; x < cute::size(s); ++x) s(x) = exp2_approx(s(x));

@@ -57,22 +57,7 @@ __device__ __forceinline__ void softmax_max(const FwdParams& p, Frag& s, const F
       lo32[h] = int(cols.lo) - col_base;
       hi32[h] = int(cols.hi) - col_base;
     }
-    // Most edge blocks are cut on one side only (a causal diagonal, the first block of a
-    // window): each side is tested only when a row of the warp is cut there.
-    if (__any_sync(0xffffffffu, lo32[0] > -col_base || lo32[1] > -col_base)) {
-      CUTLASS_PRAGMA_UNROLL
-      for (int h = 0; h < 2; ++h) CUTLASS_PRAGMA_UNROLL
-      for (int j = 0; j < kBlockN / 8; ++j) CUTLASS_PRAGMA_UNROLL
-      for (int c = 0; c < 2; ++c)
-        if (8 * j + c < lo32[h]) s(c + 2 * h + 4 * j) = -INFINITY;
-    }
-    if (__any_sync(0xffffffffu, hi32[0] < kBlockN - col_base || hi32[1] < kBlockN - col_base)) {
-      CUTLASS_PRAGMA_UNROLL
-      for (int h = 0; h < 2; ++h) CUTLASS_PRAGMA_UNROLL
-      for (int j = 0; j < kBlockN / 8; ++j) CUTLASS_PRAGMA_UNROLL
-      for (int c = 0; c < 2; ++c)
-        if (8 * j + c >= hi32[h]) s(c + 2 * h + 4 * j) = -INFINITY;
-    }
+    mask_outside<kBlockN>(s, lo32, hi32, col_base);
   }
   // Row maxima as four independent chains per row: with two consumer warps per scheduler,
   // dependent chains (not throughput) bound this loop. Each chain starts from its first pair, not

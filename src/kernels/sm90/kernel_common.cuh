@@ -103,14 +103,27 @@ __device__ __forceinline__ FragmentCoords fragment_coords() {
   return {int(threadIdx.x / 32 % 4) * 16 + lane / 4, 2 * (lane % 4)};
 }
 
-// Sets to -inf the elements of row h of the fragment (kCols columns) outside columns [lo, hi),
-// given relative to the thread's col_base: the in-tile mask applied to a block.
+// The in-tile mask applied to a block: sets to -inf the elements of the fragment's rows h = 0, 1
+// (kCols columns) outside columns [lo[h], hi[h]), given relative to the thread's col_base. Most
+// edge blocks are cut on one side only (a causal diagonal, a window's far edge, an entry's last
+// block): each side is tested only where a row of the warp is cut there.
 template <int kCols, class Frag>
-__device__ __forceinline__ void mask_outside(Frag& s, int h, int lo, int hi) {
-  CUTLASS_PRAGMA_UNROLL
-  for (int j = 0; j < kCols / 8; ++j) CUTLASS_PRAGMA_UNROLL
-  for (int c = 0; c < 2; ++c)
-    if (8 * j + c < lo || 8 * j + c >= hi) s(c + 2 * h + 4 * j) = -INFINITY;
+__device__ __forceinline__ void mask_outside(Frag& s, const int (&lo)[2], const int (&hi)[2],
+                                             int col_base) {
+  if (__any_sync(0xffffffffu, lo[0] > -col_base || lo[1] > -col_base)) {
+    CUTLASS_PRAGMA_UNROLL
+    for (int h = 0; h < 2; ++h) CUTLASS_PRAGMA_UNROLL
+    for (int j = 0; j < kCols / 8; ++j) CUTLASS_PRAGMA_UNROLL
+    for (int c = 0; c < 2; ++c)
+      if (8 * j + c < lo[h]) s(c + 2 * h + 4 * j) = -INFINITY;
+  }
+  if (__any_sync(0xffffffffu, hi[0] < kCols - col_base || hi[1] < kCols - col_base)) {
+    CUTLASS_PRAGMA_UNROLL
+    for (int h = 0; h < 2; ++h) CUTLASS_PRAGMA_UNROLL
+    for (int j = 0; j < kCols / 8; ++j) CUTLASS_PRAGMA_UNROLL
+    for (int c = 0; c < 2; ++c)
+      if (8 * j + c >= hi[h]) s(c + 2 * h + 4 * j) = -INFINITY;
+  }
 }
 
 // Zero, as a value the compiler cannot see through (so that what is computed from it stays in
