@@ -214,17 +214,22 @@ def compile_only(dump, kern):
 
 
 def timed(fn, calls=20):
+    """Milliseconds a call, and the SM clock meanwhile (MHz, NVML; 0 where it cannot be read): the
+    cycles of the timeline convert to time only at the clock the kernel ran at, which the power
+    cap lowers more for a denser kernel (bench/results/h100-2026-12-05.md section 3)."""
     import torch
+    from gpu_clocks import ClockSampler
 
     fn()
     torch.cuda.synchronize()
     start, stop = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    start.record()
-    for _ in range(calls):
-        fn()
-    stop.record()
-    torch.cuda.synchronize()
-    return start.elapsed_time(stop) / calls
+    with ClockSampler() as clocks:
+        start.record()
+        for _ in range(calls):
+            fn()
+        stop.record()
+        torch.cuda.synchronize()
+    return start.elapsed_time(stop) / calls, clocks.summary(busy_only=True).get("mhz", 0)
 
 
 def report(stamps, kern, name):
@@ -285,17 +290,18 @@ def main():
         flops *= 2.5  # five products of the forward's two's size
     else:
         run = lambda: interface._flash_attn_fwd(q, k, v, causal=False)
-    plain_ms = timed(run)
+    plain_ms, plain_mhz = timed(run)
     with tempfile.TemporaryDirectory() as workdir:
         load_traced(workdir, kern)
-        traced_ms = timed(run)
+        traced_ms, traced_mhz = timed(run)
     stamps = buf.view(3, BLOCKS, SLOTS).tolist()
     if any(stamps[g][b][s] == 0 for g in (1, 2) for b in range(BLOCKS) for s in range(SLOTS)):
         sys.exit("fa4_phase_trace: some clock reads were not stored (FA4 took another path?)")
     name = f"fa4-{direction}-timeline"
     lines = [f"FA4 {'backward' if a.backward else 'forward'}, {a.seqlen} tokens, "
              f"{a.heads}:{a.heads_kv} heads, hd128, bf16, full: untraced "
-             f"{flops / plain_ms / 1e9:.1f} TFLOPS, traced {flops / traced_ms / 1e9:.1f}"]
+             f"{flops / plain_ms / 1e9:.1f} TFLOPS at {plain_mhz:.0f} MHz, traced "
+             f"{flops / traced_ms / 1e9:.1f} at {traced_mhz:.0f} MHz"]
     lines += report(stamps, kern, name)
     text = "\n".join(lines) + "\n"
     print(text, end="")
