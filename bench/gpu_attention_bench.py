@@ -202,6 +202,24 @@ def main():
     directions = ["fwd"] + (["bwd", "fwd+bwd"] if a.backward else [])
     peers_seen = []
     rows = []
+    os.makedirs(a.out, exist_ok=True)
+    meta = {"gpu": torch.cuda.get_device_name(), "torch": torch.__version__,
+            "sms": torch.cuda.get_device_properties(0).multi_processor_count,
+            "heads": a.heads, "heads_kv": a.heads_kv, "head_dim": a.head_dim, "dtype": "bf16",
+            "fa4": flash_attn_func is not None}
+    tag = f"h{a.heads}-{a.heads_kv}-d{a.head_dim}"
+
+    # Written again after every case, so that a run cut short by a call's time limit keeps the
+    # tables and clocks of the cases it finished.
+    def save(rows):
+        with open(os.path.join(a.out, f"gpu_bench_{tag}.json"), "w") as f:
+            json.dump({"meta": meta, "rows": rows}, f, indent=1)
+        for d in directions:
+            write_table(os.path.join(a.out, f"gpu_bench_{d.replace('+', '')}_{tag}.md"), d, meta,
+                        rows, peers_seen)
+        write_clocks(os.path.join(a.out, f"gpu_bench_clocks_{tag}.md"), directions, meta, rows,
+                     ["flexcp"] + peers_seen)
+
     for path in sorted(glob.glob(os.path.join(a.specs, "*.json"))):
         name = os.path.basename(path)[:-5]
         spec = json.load(open(path))
@@ -267,18 +285,7 @@ def main():
                      for d, v_ in per.items()),
             "".join(f" [error] {who}: {e}" for who, e in row["errors"].items())), flush=True)
         rows.append(row)
-    os.makedirs(a.out, exist_ok=True)
-    meta = {"gpu": torch.cuda.get_device_name(), "torch": torch.__version__,
-            "sms": torch.cuda.get_device_properties(0).multi_processor_count,
-            "heads": a.heads, "heads_kv": a.heads_kv, "head_dim": a.head_dim, "dtype": "bf16",
-            "fa4": flash_attn_func is not None}
-    tag = f"h{a.heads}-{a.heads_kv}-d{a.head_dim}"
-    json.dump({"meta": meta, "rows": rows}, open(os.path.join(a.out, f"gpu_bench_{tag}.json"), "w"), indent=1)
-    for d in directions:
-        write_table(os.path.join(a.out, f"gpu_bench_{d.replace('+', '')}_{tag}.md"), d, meta,
-                    rows, peers_seen)
-    write_clocks(os.path.join(a.out, f"gpu_bench_clocks_{tag}.md"), directions, meta, rows,
-                 ["flexcp"] + peers_seen)
+        save(rows)
     return 0
 
 
