@@ -17,7 +17,7 @@
 # With SAME_BITS=1, for a patch meant to leave every result as it was: instead of steps 2-4, both
 # trees' CLIs are built (bf16, head dim 128), scripts/gpu-same-bits.sh compares their outputs
 # byte for byte (forward and deterministic backward), and the A/B runs in both directions
-# (OUT/ab-fwd, OUT/ab-bwd); about 6 device minutes at one length.
+# (OUT/ab-fwd, OUT/ab-bwd; DIRECTIONS=fwd or bwd keeps one); about 6 device minutes at one length.
 # About 8 device minutes with the defaults (check ~4, A/B ~2.5). The device copies the working
 # tree anew on every call, so the patch is applied in the call that measures it.
 set -uo pipefail
@@ -34,7 +34,7 @@ base=.ab-patch-base
 # has built A in ./build-ab already).
 ab_both() {
   local dir backward status=0
-  for dir in fwd bwd; do
+  for dir in ${DIRECTIONS:-fwd bwd}; do
     backward=
     [[ $dir == bwd ]] && backward=1
     BACKWARD=$backward ROUNDS=${ROUNDS:-2} A_LABEL="this tree + $label" \
