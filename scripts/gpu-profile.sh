@@ -4,8 +4,10 @@
 # the GPU. Builds build/gpu first when needed. Writes one report per case under the folder given,
 # plus the tensor-pipe metrics this ncu knows.
 #   scripts/gpu-profile.sh OUT            BACKWARD=1 scripts/gpu-profile.sh OUT
-# CASES names the cases to run (default: full-16k swa1024-32k causal-1k; full-4k, full-32k and
-# causal-32k on request);
+# CASES names the cases to run (default: full-16k swa1024-32k causal-1k; full-4k, full-32k,
+# causal-32k and swa4096-32k on request); CLI names another flexcp CLI to profile (e.g.
+# scripts/gpu-ab.sh's build-ab/tools/flexcp/flexcp, built for bf16 and head dim 128 only), instead
+# of building build/gpu;
 # SOURCE=1 adds the per-instruction stall samples (SourceCounters) and prints the hottest SASS
 # lines (scripts/ncu-hot-sass.py). With FA4_SITE (scripts/gpu-fa4.sh), FlashAttention-4's kernel
 # is profiled the same way on the full and causal cases, in the same call
@@ -14,11 +16,11 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 out=${1:?output folder}
 mkdir -p "$out"
-if [[ ! -x build/gpu/tools/flexcp/flexcp ]]; then
+cli=${CLI:-build/gpu/tools/flexcp/flexcp}
+if [[ -z ${CLI:-} && ! -x $cli ]]; then
   cmake -S . -B build/gpu -G Ninja -DCMAKE_BUILD_TYPE=Release > "$out/build.log" 2>&1
   cmake --build build/gpu -j "$(nproc)" >> "$out/build.log" 2>&1
 fi
-cli=build/gpu/tools/flexcp/flexcp
 docs=()  # the real document lengths that ship with flexcp
 
 # Metric names differ between ncu versions: take the tensor-pipe ones this one has.
@@ -79,8 +81,9 @@ profile full-16k --mask full --seqlen 16384
 profile full-32k --mask full --seqlen 32768
 profile causal-32k --mask causal --seqlen 32768
 profile swa1024-32k --mask sliding-window --window 1024 --seqlen 32768 "${docs[@]}"
+profile swa4096-32k --mask sliding-window --window 4096 --seqlen 32768 "${docs[@]}"
 profile causal-1k --mask causal --seqlen 1024
 for f in "$out"/ncu-*.txt; do
   echo "== $(basename "$f")"
-  grep -E "Duration|SM Frequency|Compute \(SM\) Throughput|L1/TEX Cache Throughput|DRAM Throughput|L2 Cache Throughput|Shared Memory|Issue Slots Busy|Registers Per Thread|Active Warps Per Scheduler|No Eligible|sm__pipe|sm__inst|l1tex__data|smsp__inst|==ERROR|==WARNING|No kernels" "$f" || tail -5 "$f"
+  grep -E "Duration|SM Frequency|Compute \(SM\) Throughput|L1/TEX Cache Throughput|DRAM Throughput|L2 Cache Throughput|L2 Hit Rate|Memory Throughput|Shared Memory|Issue Slots Busy|Registers Per Thread|Active Warps Per Scheduler|No Eligible|sm__pipe|sm__inst|l1tex__data|smsp__inst|==ERROR|==WARNING|No kernels" "$f" || tail -5 "$f"
 done
