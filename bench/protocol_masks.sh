@@ -20,6 +20,8 @@ for t in "$@"; do
   mask varlen-full --mask varlen-full
   mask varlen-causal --mask varlen-causal
   mask swa1024 --mask sliding-window --window 1024
+  # Not in DESIGN §6's list: the window where the backward's unit rule turns (bwd_units.cc).
+  mask swa2048 --mask sliding-window --window 2048
   mask swa4096 --mask sliding-window --window 4096
   mask block-causal --mask block-causal --block 2048
   mask shared-question --mask shared-question --question $((t / 4 < 1024 ? t / 4 : 1024))

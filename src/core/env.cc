@@ -21,7 +21,8 @@ const std::vector<EnvVar>& env_vars() {
        "measure one against the other)"},
       {"FLEXCP_SM90_BWD_UNIT_HEADS", "auto",
        "The q heads of one head unit of the CUDA backward, read when a plan is made: auto (the "
-       "plan's, 2), 1, 2, 4 or 8 (at most the group; to measure one against the other)"},
+       "plan's: 2, or 4 where one head's walk is short), 1, 2, 4 or 8 (at most the group; to "
+       "measure one against the other)"},
       {"FLEXCP_SM90_BWD_WALK", "auto",
        "How the CUDA backward's item units walk their q blocks, read when a plan is made: auto "
        "(the plan picks per unit), heads-outer or from-last (every item unit, and item units "

@@ -257,21 +257,92 @@ TEST(BwdUnits, CausalDocumentsGetHeadUnitsFullOnesItemUnits) {
   EXPECT_EQ(planned_on_h200(masks::varlen_full(docs)).u.kind, BwdUnitKind::kItems);
 }
 
-// Where items keep in step (full attention, sliding windows, full documents), are few (causal 4K:
-// two waves) or short (documents of at most 1000 tokens, 16 blocks a head), or the group has one
-// q head: item units.
+// Where items keep in step and start together (full attention, full documents), are few (causal
+// 4K: two waves) or short (a window of 512, 9 blocks a head: a unit of four would walk 36), or the
+// group has one q head: item units.
 TEST(BwdUnits, ItemUnitsWhereItemsKeepInStepOrAreFewOrShort) {
-  for (const Mask& mask :
-       {masks::full(32768, 32768), masks::causal(4096, 4096),
-        masks::sliding_window({32768}, 4096, masks::WindowKind::kCausal),
-        masks::sliding_window(std::vector<std::int64_t>(8, 4096), 1024, masks::WindowKind::kCausal),
-        masks::varlen_full(std::vector<std::int64_t>(16, 2048)),
-        masks::varlen_causal(std::vector<std::int64_t>(33, 1000))}) {
+  for (const Mask& mask : {masks::full(32768, 32768), masks::causal(4096, 4096),
+                           masks::sliding_window({32768}, 512, masks::WindowKind::kCausal),
+                           masks::varlen_full(std::vector<std::int64_t>(16, 2048))}) {
     const auto [cols, u] = planned_on_h200(mask);
     EXPECT_EQ(u.kind, BwdUnitKind::kItems) << cols.num_tiles() << " tiles";
   }
   const WorkList cols = key_tiles(masks::causal(32768, 32768));
   EXPECT_EQ(plan_bwd_units(cols, options(132, 64, 1)).kind, BwdUnitKind::kItems);
+}
+
+// The q heads of each of `u`'s head units: the group over the units of its first item.
+std::int64_t heads_per_unit(const BwdUnits& u, std::int64_t group) {
+  std::int64_t units = 0;
+  for (const BwdUnit& unit : u.units)
+    units += unit.tile == u.units.front().tile && unit.kv_head == u.units.front().kv_head;
+  return group / units;
+}
+
+// Sliding windows over 32K (tiles that start their walks a block or two apart, walks of equal
+// length): head units, of two q heads where one head walks 32 blocks or more (windows of 2048 and
+// 4096: +7% and +17% on the H100), of four where it walks 16 (window 1024: level to +6%), so that
+// a unit walks at least 40 blocks. The same over documents, and on 16K windows of 2048 over
+// documents (24 blocks a head: +19%). Prefix-LM over documents, each half prefix (half its tiles
+// start at their document's first row): item units.
+TEST(BwdUnits, ShiftedWalksGetHeadUnitsLongEnoughForTheirTurns) {
+  const std::vector<std::int64_t> docs = {8192, 4096, 2048, 8192, 4096, 3000, 3000, 144};
+  for (const auto& [window, heads] : {std::pair{4096, 2}, {2048, 2}, {1024, 4}}) {
+    SCOPED_TRACE("window " + std::to_string(window));
+    const auto [cols, u] =
+        planned_on_h200(masks::sliding_window({32768}, window, masks::WindowKind::kCausal));
+    ASSERT_EQ(u.kind, BwdUnitKind::kHeads);
+    EXPECT_EQ(heads_per_unit(u, 8), heads);
+    EXPECT_EQ(
+        planned_on_h200(masks::sliding_window(docs, window, masks::WindowKind::kCausal)).u.kind,
+        BwdUnitKind::kHeads);
+  }
+  const std::vector<std::int64_t> half(docs.begin(), docs.begin() + 4);  // 16K
+  const auto [cols16, u16] =
+      planned_on_h200(masks::sliding_window(half, 2048, masks::WindowKind::kCausal));
+  ASSERT_EQ(u16.kind, BwdUnitKind::kHeads);
+  EXPECT_EQ(heads_per_unit(u16, 8), 2);
+  std::vector<std::int64_t> prefixes;
+  for (const std::int64_t n : docs) prefixes.push_back(n / 2);  // the protocol's prefix-LM
+  EXPECT_EQ(planned_on_h200(masks::prefix_lm(docs, prefixes)).u.kind, BwdUnitKind::kItems);
+}
+
+// bwd_walk_shift by its definition: the tiles with work in tile order, in waves of `sms`, each
+// wave's distinct first q blocks (a set), over the tiles; on random masks and GPU sizes. And its
+// values at the ends: every tile of a window starts apart (1), every tile of full attention
+// together (one start in each of its two waves: 2 / 256).
+TEST(BwdUnits, WalkShiftCountsEachWavesDistinctStarts) {
+  std::mt19937_64 rng(57);
+  for (int iter = 0; iter < 40; ++iter) {
+    const std::int64_t t = 1 + static_cast<std::int64_t>(rng() % 5000);
+    const WorkList cols = key_tiles(test::random_mask(rng, t, t));
+    for (const int sms : {1, 3, 132}) {
+      const BwdUnitOptions o = options(sms, 2, 4);
+      std::vector<std::int64_t> firsts;
+      for (const std::int32_t tile : cols.tile_order) {
+        std::set<std::int64_t> blocks;
+        for (std::int64_t e = cols.tile_offsets[tile]; e < cols.tile_offsets[tile + 1]; ++e)
+          for (std::int64_t r = cols.entries[e].begin; r < cols.entries[e].end; ++r)
+            blocks.insert(r / o.block_rows);
+        if (!blocks.empty()) firsts.push_back(*blocks.begin());
+      }
+      std::size_t distinct = 0;
+      for (std::size_t w = 0; w < firsts.size(); w += static_cast<std::size_t>(sms))
+        distinct +=
+            std::set<std::int64_t>(firsts.begin() + static_cast<std::ptrdiff_t>(w),
+                                   firsts.begin() + static_cast<std::ptrdiff_t>(std::min(
+                                                        firsts.size(), w + std::size_t(sms))))
+                .size();
+      const double expected = firsts.empty() ? 0.0 : double(distinct) / double(firsts.size());
+      EXPECT_DOUBLE_EQ(bwd_walk_shift(cols, o), expected) << "t=" << t << " sms=" << sms;
+    }
+  }
+  EXPECT_EQ(
+      bwd_walk_shift(key_tiles(masks::sliding_window({32768}, 2048, masks::WindowKind::kCausal)),
+                     options(132, 8, 8)),
+      1.0);
+  EXPECT_DOUBLE_EQ(bwd_walk_shift(key_tiles(masks::full(32768, 32768)), options(132, 8, 8)),
+                   2.0 / 256);
 }
 
 // Causal 1K with GQA 64:8: 64 items for 132 SMs, the heaviest 8x the average share. Split, and

@@ -317,8 +317,8 @@ TEST(Sm90Backward, UnitKindFromTheEnvironment) {
 // turn in one fp32 slot, which passes from item to item (four kv heads: four sweeps on two sets
 // of slots). They match the reference in both modes, on causal, document and random masks, GQA
 // 8:4, 16:2 and 6:2 (head dim 64), with a sink, and dK and dV repeat bit for bit: in units of two
-// q heads (the default; 6:2's items in units of two heads and one, 8:4's in two units each) and
-// of one (FLEXCP_SM90_BWD_UNIT_HEADS=1).
+// q heads (the default; 6:2's items in units of two heads and one, 8:4's in two units each), of
+// four (16:2 on a sliding window: two units an item) and of one (FLEXCP_SM90_BWD_UNIT_HEADS=1).
 TEST(Sm90Backward, HeadUnitsMatchTheReferenceAndRepeatBitForBit) {
   SKIP_WITHOUT_GPU();
   std::mt19937_64 rng(95);
@@ -338,6 +338,11 @@ TEST(Sm90Backward, HeadUnitsMatchTheReferenceAndRepeatBitForBit) {
   const DeviceGrads a = run_on_device(turns, in, causal), b = run_on_device(turns, in, causal);
   EXPECT_EQ(a.dk.bytes, b.dk.bytes);
   EXPECT_EQ(a.dv.bytes, b.dv.bytes);
+  {  // Four q heads a unit, as the plan takes for short windows: two units an item of 16:2.
+    const UnitHeadsFromEnv fours("4");
+    check_case({"head-fours-window", 1100, 1100, 16, 2, 128},
+               masks::sliding_window({600, 500}, 300, masks::WindowKind::kCausal), rng);
+  }
   // One q head a unit: three units an item of 6:2, four of 8:4.
   const UnitHeadsFromEnv singles("1");
   check_case({"head-singles-random", 700, 900, 6, 2, 64}, test::random_mask(rng, 700, 900), rng);

@@ -43,6 +43,24 @@ constexpr double kChainOverhead = 2.0;
 // head still gained 6%: the floor below is a guess past that.
 constexpr double kMinDrift = 0.28;
 constexpr double kMinHeadUnitBlocks = 16;
+// Head units also where side-by-side tiles' walks start apart (bwd_walk_shift at least
+// kMinShift: sliding windows, causal), whatever their drift, in units of as few q heads (2, 4, ...,
+// fewer than the group) as walk kMinShiftedUnitBlocks. Such tiles each read a different q block at
+// a time, so a block waits in L2 through ~2 x 132 other blocks' reads before the neighbouring tile
+// reads it again: items walking 8 heads each drift apart by a head or so, the blocks of two heads
+// no longer fit, and the reads go to HBM. Measured on the H100 (GQA 64:8, protocol windows over
+// documents, bench/results/h100-2026-12-05.md section 7), head units against item units: window
+// 4096 at 32K (45 blocks a head, drift 0.18; units of 2 heads, 90 blocks) +16% to +20%, L2 hits
+// 68% -> 90%; window 2048 at 16K and 32K (24 and 28 blocks a head; 48 and 56 a unit) +19% and
+// +6-7.5%; window 1024 (13-17 blocks a head) in units of 2 heads (33 blocks at 32K) -4.7%, of 4
+// heads (54-67 blocks) +4.5% at 8K, +6.4% at 16K, level at 32K. Units of 4 against 2 on windows
+// 2048 and 4096: level (-0.8% to +1.7%). Prefix-LM (shift 0.52) stays below kMinShift: head units
+// measured -5% to +1% there (H200). On the H200 (HBM 1.4x the H100's), window 4096 at 32K
+// measured -1% in section 14 of h200-backward-2026-12-04.md, with an older kernel. Causal masks
+// start apart too (shift 1): those under kMinHeadUnitBlocks (documents of ~1000 tokens) now take
+// units of four by this rule, not measured.
+constexpr double kMinShift = 0.9;
+constexpr double kMinShiftedUnitBlocks = 40;
 // Partial slots per SM at most (128 KB each at head dim 128): bounds the scratch.
 constexpr std::int64_t kMaxSlotsPerSm = 4;
 // Splits tried: the items cut to at most avg / d blocks, avg = the work per SM.
@@ -169,15 +187,22 @@ CutCost cut_cost(const std::vector<Item>& items, double target, int sms, double 
   return c;
 }
 
-// Whether the plan's items drift apart on the SMs and are long enough for head units.
-bool wants_head_units(const WorkList& cols, const std::vector<std::int64_t>& blocks,
-                      const BwdUnitOptions& o) {
-  if (o.group < 2) return false;
+// The q heads of each head unit where the plan's items would drift apart on the SMs, or walk
+// shifted so that drifting apart would cost them L2, and head units are long enough to pay for
+// their turns; 0 where item units are better.
+std::int64_t head_unit_heads(const WorkList& cols, const std::vector<std::int64_t>& blocks,
+                             const BwdUnitOptions& o) {
+  if (o.group < 2) return 0;
   double n = 0, sum = 0;
   for (const std::int64_t b : blocks)
     if (b > 0) n += 1, sum += double(b);
-  if (n * double(o.heads_kv) <= double(kInnerWalkWaves) * o.sms) return false;
-  return sum / n / double(o.group) >= kMinHeadUnitBlocks && bwd_walk_drift(cols, o) >= kMinDrift;
+  if (n * double(o.heads_kv) <= double(kInnerWalkWaves) * o.sms) return 0;
+  const double per_head = sum / n / double(o.group);
+  if (per_head >= kMinHeadUnitBlocks && bwd_walk_drift(cols, o) >= kMinDrift) return kHeadsPerUnit;
+  if (bwd_walk_shift(cols, o) < kMinShift) return 0;
+  for (std::int64_t heads = kHeadsPerUnit; heads < o.group; heads *= 2)
+    if (per_head * double(heads) >= kMinShiftedUnitBlocks) return heads;
+  return 0;
 }
 
 // Head units (BwdUnitKind::kHeads): per kv head, per chunk of at most kHeadSweepTiles tiles with
@@ -311,6 +336,27 @@ double bwd_walk_drift(const WorkList& cols, const BwdUnitOptions& o) {
   return mean2 > 0 ? std::sqrt(deviation / mean2) : 0.0;
 }
 
+double bwd_walk_shift(const WorkList& cols, const BwdUnitOptions& o) {
+  std::vector<std::int64_t> firsts;  // each tile's first q block, tiles with work in tile order
+  firsts.reserve(cols.tile_order.size());
+  for (const std::int32_t t : cols.tile_order) {
+    std::int64_t first = std::numeric_limits<std::int64_t>::max();
+    for (std::int64_t e = cols.tile_offsets[t]; e < cols.tile_offsets[t + 1]; ++e)
+      if (cols.entries[e].end > cols.entries[e].begin)
+        first = std::min(first, cols.entries[e].begin / o.block_rows);
+    if (first != std::numeric_limits<std::int64_t>::max()) firsts.push_back(first);
+  }
+  const auto wave = static_cast<std::ptrdiff_t>(std::max(o.sms, 1));
+  std::int64_t distinct = 0;
+  for (auto begin = firsts.begin(); begin != firsts.end();) {
+    const auto end = firsts.end() - begin > wave ? begin + wave : firsts.end();
+    std::sort(begin, end);
+    distinct += std::unique(begin, end) - begin;
+    begin = end;
+  }
+  return firsts.empty() ? 0.0 : double(distinct) / double(firsts.size());
+}
+
 BwdWalk bwd_tile_walk(const WorkList& cols, std::int64_t tile) {
   const auto last_row = [&cols](std::int64_t t) {
     std::int64_t end = -1;  // no entries: shares nothing
@@ -349,10 +395,12 @@ BwdUnits plan_bwd_units(const WorkList& cols, const BwdUnitOptions& o) {
   const double unsplit = cut_cost(items, kNoSplit, o.sms, kNoSplit, scratch).predicted;
   // A forced walk asks for item units (it compares the walks), unless head units are asked too.
   // Decided before the item units' splits are searched, which head units would not use.
-  const bool heads =
-      o.kind ? *o.kind == BwdUnitKind::kHeads : !o.walk && wants_head_units(cols, blocks, o);
+  const std::int64_t unit_heads = o.kind || o.walk ? 0 : head_unit_heads(cols, blocks, o);
+  const bool heads = o.kind ? *o.kind == BwdUnitKind::kHeads : unit_heads > 0;
   if (heads && o.group > 1) {
-    BwdUnits h = head_units(cols, blocks, o);
+    BwdUnitOptions ho = o;
+    ho.unit_heads = o.unit_heads.value_or(unit_heads > 0 ? unit_heads : kHeadsPerUnit);
+    BwdUnits h = head_units(cols, blocks, ho);
     h.predicted_unsplit = unsplit;
     return h;
   }

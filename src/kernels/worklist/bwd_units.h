@@ -102,13 +102,13 @@ struct BwdUnitOptions {
   std::optional<BwdWalk> walk;  // every item unit's walk; empty: bwd_tile_walk's, within two waves
   std::optional<BwdUnitKind> kind;  // empty: the plan's rule (plan_bwd_units)
   // Head units: q heads of the group per unit (the last unit of an item takes what is left);
-  // empty: kHeadsPerUnit.
+  // empty: the plan's (kHeadsPerUnit, or more where one head's walk is short: plan_bwd_units).
   std::optional<std::int64_t> unit_heads;
 };
 
-// Head units' q heads each, unless the options ask otherwise: two. Each unit reads and stores its
-// item's 128 KB slot, so fewer units mean less slot traffic, but side-by-side units then drift
-// apart by up to that many heads. Measured on the H200 (GQA 64:8, bench/results/
+// Head units' q heads each, unless the options ask otherwise or the walks are short: two. Each unit
+// reads and stores its item's 128 KB slot, so fewer units mean less slot traffic, but side-by-side
+// units then drift apart by up to that many heads. Measured on the H200 (GQA 64:8, bench/results/
 // h200-backward-2026-12-04.md section 16): two heads against one +0.5% (causal 32K) to +3.5%
 // (causal documents 16K), nowhere slower; four against two -3% (causal) to +0.5%.
 inline constexpr std::int64_t kHeadsPerUnit = 2;
@@ -124,6 +124,15 @@ std::int64_t bwd_item_blocks(const WorkList& cols, std::int64_t tile, const BwdU
 // sliding windows: 0 to ~0.16) and drift apart by whole heads where they are not (causal: 0.30),
 // so that more q heads' blocks are in L2 at once.
 double bwd_walk_drift(const WorkList& cols, const BwdUnitOptions& o);
+
+// How far apart side-by-side tiles' walks start: over the tiles with work in tile order, cut into
+// waves of `sms` (the tiles that run together), the distinct q blocks a wave's walks start at, per
+// tile. Tiles that start together (full attention, full
+// documents, block-causal chunks: a few percent) read each q block at about the same time; tiles
+// that start a block or two apart (sliding windows, causal: ~1) read a different block each, so
+// that a block read by one waits in L2 through every other tile's reads until its neighbour gets
+// there.
+double bwd_walk_shift(const WorkList& cols, const BwdUnitOptions& o);
 
 // Plans with more units than this many per SM walk head by head (BwdWalk).
 inline constexpr int kInnerWalkWaves = 2;
@@ -141,8 +150,9 @@ inline constexpr int kHeadSweepTiles = 256;
 // head and busiest tile first (each kv head's Q and dO stay in L2 while its tiles run), unless a
 // split, or the busiest-first order across kv heads, is predicted to finish sooner by more than the
 // split's own cost (its partials' traffic, counted in the simulation). Plans of many waves whose
-// items' walks drift apart (bwd_walk_drift) and are long enough to pay for one slot's traffic per
-// unit get head units (BwdUnitKind::kHeads) instead, when the group has more than one q head.
+// items' walks drift apart (bwd_walk_drift) or start apart (bwd_walk_shift), and are long enough
+// to pay for one slot's traffic per unit, get head units (BwdUnitKind::kHeads) instead, when the
+// group has more than one q head.
 // Throws std::length_error if one item has 2^31 blocks or more.
 BwdUnits plan_bwd_units(const WorkList& cols, const BwdUnitOptions& o);
 
