@@ -280,11 +280,11 @@ std::int64_t heads_per_unit(const BwdUnits& u, std::int64_t group) {
 }
 
 // Sliding windows over 32K (tiles that start their walks a block or two apart, walks of equal
-// length): head units, of two q heads where one head walks 32 blocks or more (windows of 2048 and
-// 4096: +7% and +17% on the H100), of four where it walks 16 (window 1024: level to +6%), so that
-// a unit walks at least 40 blocks. The same over documents, and on 16K windows of 2048 over
-// documents (24 blocks a head: +19%). Prefix-LM over documents, each half prefix (half its tiles
-// start at their document's first row): item units.
+// length): head units, of two q heads where one head walks 20 blocks or more (windows of 2048 and
+// 4096, 33 and 65 blocks: +7% and +17% on the H100), of four where it walks 10 to 20 (window 1024,
+// 17: level to +6%), so that a unit walks at least 40 blocks. The same over documents, and on 16K
+// windows of 2048 over documents (24 blocks a head: +19%). Prefix-LM over documents, each half
+// prefix (half its tiles start at their document's first row): item units.
 TEST(BwdUnits, ShiftedWalksGetHeadUnitsLongEnoughForTheirTurns) {
   const std::vector<std::int64_t> docs = {8192, 4096, 2048, 8192, 4096, 3000, 3000, 144};
   for (const auto& [window, heads] : {std::pair{4096, 2}, {2048, 2}, {1024, 4}}) {

@@ -127,11 +127,10 @@ double bwd_walk_drift(const WorkList& cols, const BwdUnitOptions& o);
 
 // How far apart side-by-side tiles' walks start: over the tiles with work in tile order, cut into
 // waves of `sms` (the tiles that run together), the distinct q blocks a wave's walks start at, per
-// tile. Tiles that start together (full attention, full
-// documents, block-causal chunks: a few percent) read each q block at about the same time; tiles
-// that start a block or two apart (sliding windows, causal: ~1) read a different block each, so
-// that a block read by one waits in L2 through every other tile's reads until its neighbour gets
-// there.
+// tile. Tiles that start together (full attention, full documents, block-causal chunks: a few
+// percent) read each q block at about the same time; tiles that start a block or two apart
+// (sliding windows, causal: ~1) read a different block each, so that a block read by one waits in
+// L2 through every other tile's reads until its neighbour gets there.
 double bwd_walk_shift(const WorkList& cols, const BwdUnitOptions& o);
 
 // Plans with more units than this many per SM walk head by head (BwdWalk).
