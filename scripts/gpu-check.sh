@@ -8,6 +8,7 @@
 # The bench's environment passes through (BACKWARD=1, MASKS=..., see bench/gpu_bench.sh);
 # PYTEST=0 leaves out the Python suite (3-4 minutes of a call, for a kernel-only iteration);
 # PYTEST_ARGS picks part of it (e.g. "tests/python/test_plan.py", default the whole suite);
+# BENCH_HEADS picks the protocol's head shapes (default "64:8 16:16");
 # PYFRONT=1 adds bench/python_front_bench.py (the Python front's cost around the kernels);
 # SANITIZE=0 leaves out compute-sanitizer (memcheck and racecheck on three small cases, memcheck
 # also on the backward's head units; seconds on 2026-12-04; each must run its tests, not skip them); CTEST=0 leaves out ctest (100 s; for the
@@ -103,11 +104,12 @@ if [[ -x $contention ]]; then
   cat "$out/softmax-contention.txt" >> "$summary"
 fi
 
-# The kernel protocol (DESIGN §6): GQA 64:8 and MHA 16 heads, head dim 128, bf16.
+# The kernel protocol (DESIGN §6): GQA 64:8 and MHA 16 heads, head dim 128, bf16. BENCH_HEADS
+# keeps a part of it (e.g. "64:8", when a call's minutes hold only the goals' shape).
 if (($#)); then
   t0=$SECONDS
-  for heads in "64 8" "16 16"; do
-    read -r h hk <<< "$heads"
+  for heads in ${BENCH_HEADS:-64:8 16:16}; do
+    IFS=: read -r h hk <<< "$heads"
     HEADS=$h HEADS_KV=$hk bench/gpu_bench.sh "$out" "$@" >> "$out/bench.log" 2>&1 ||
       { tail -20 "$out/bench.log"; rc=1; }
   done

@@ -9,9 +9,10 @@
 # scripts/gpu-ab.sh's build-ab/tools/flexcp/flexcp, built for bf16 and head dim 128 only), instead
 # of building build/gpu;
 # SOURCE=1 adds the per-instruction stall samples (SourceCounters) and prints the hottest SASS
-# lines (scripts/ncu-hot-sass.py). With FA4_SITE (scripts/gpu-fa4.sh), FlashAttention-4's kernel
-# is profiled the same way on the full and causal cases, in the same call
-# (bench/fa4_profile_case.py), so that the two kernels' reports sit side by side.
+# lines (scripts/ncu-hot-sass.py); KEEP_CSV=1 also keeps every instruction's samples (gzip). With
+# FA4_SITE (scripts/gpu-fa4.sh), FlashAttention-4's kernel is profiled the same way on the full
+# and causal cases, in the same call (bench/fa4_profile_case.py), so that the two kernels'
+# reports sit side by side.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 out=${1:?output folder}
@@ -59,6 +60,9 @@ ncu_one() {
     ncu --import "$out/$label-$name.ncu-rep" >> "$log" 2>&1  # the sections, as without export
     ncu --import "$out/$label-$name.ncu-rep" --page source --csv --print-source sass 2>&1 |
       python3 scripts/ncu-hot-sass.py 45 > "$out/hot-sass-$label-$name.txt" 2>&1
+    # KEEP_CSV=1 keeps every instruction's samples (gzip, ~1 MB) for a reading by phase offline.
+    [[ -z ${KEEP_CSV:-} ]] || ncu --import "$out/$label-$name.ncu-rep" --page source --csv \
+      --print-source sass 2>/dev/null | gzip > "$out/sass-$label-$name.csv.gz"
     rm -f "$out/$label-$name.ncu-rep"  # large; the hot lines are what comes back
   fi
 }

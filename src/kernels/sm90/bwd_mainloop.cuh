@@ -226,14 +226,17 @@ struct BwdBlockMma {
     clock.block();
     pipe_q.consumer_wait(q_state);
     clock.mark(BwdPhase::kWaitQ);
-    issue_ss(mma_sdp, tSrK, tSrQ(_, _, _, qs), tSrS);
     // This thread's columns of the statistics (the copies started up to 3 rows early), read
     // while the products run: a wgmma wait orders memory for the compiler, so a load placed after
-    // one waits its latency on the group's chain.
+    // one waits its latency on the group's chain. lse2's loads go before S^T's issue: behind its
+    // wgmmas they waited in the same queue until the tensor cores took them, and the register
+    // they address from, reused right after, held the group ~11% of its time before dP^T's
+    // issue (bench/results/h100-2026-12-05.md).
     const bool pairs_aligned = c0 % 2 == 0;
     float lse2[kBlockM / 4], delta[kBlockM / 4];
     load_stats<kBlockM>(ss.lse2.data() + q_state.index() * kBwdStatsLoad + (c0 & 3) + col_base,
                         pairs_aligned, lse2);
+    issue_ss(mma_sdp, tSrK, tSrQ(_, _, _, qs), tSrS);
     pipe_do.consumer_wait(do_state);
     clock.mark(BwdPhase::kWaitDo);
     issue_ss(mma_sdp, tSrV, tSrdO(_, _, _, dos), tSrdP);
