@@ -58,11 +58,13 @@ ncu_one() {
     "$@" > "$log" 2>&1 || echo "==ERROR ncu exited with $?" >> "$log"
   if [[ -n "${SOURCE:-}" && -f "$out/$label-$name.ncu-rep" ]]; then
     ncu --import "$out/$label-$name.ncu-rep" >> "$log" 2>&1  # the sections, as without export
+    # Every instruction's samples (gzip, ~1 MB), read once; KEEP_CSV=1 keeps them for a reading
+    # of the loop offline (scripts/ncu-hot-sass.py --loop).
+    local table=$out/sass-$label-$name.csv.gz
     ncu --import "$out/$label-$name.ncu-rep" --page source --csv --print-source sass 2>&1 |
-      python3 scripts/ncu-hot-sass.py 45 > "$out/hot-sass-$label-$name.txt" 2>&1
-    # KEEP_CSV=1 keeps every instruction's samples (gzip, ~1 MB) for a reading by phase offline.
-    [[ -z ${KEEP_CSV:-} ]] || ncu --import "$out/$label-$name.ncu-rep" --page source --csv \
-      --print-source sass 2>/dev/null | gzip > "$out/sass-$label-$name.csv.gz"
+      gzip > "$table"
+    zcat "$table" | python3 scripts/ncu-hot-sass.py 45 > "$out/hot-sass-$label-$name.txt" 2>&1
+    [[ -n ${KEEP_CSV:-} ]] || rm -f "$table"
     rm -f "$out/$label-$name.ncu-rep"  # large; the hot lines are what comes back
   fi
 }
