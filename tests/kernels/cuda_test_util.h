@@ -33,6 +33,12 @@ struct DeviceCopy {
       cuda_ok(cudaMemset(ptr, 0xff, bytes));  // all-ones bits: NaN in fp32, bf16 and fp16
     else
       cuda_ok(cudaMemcpy(ptr, host.bytes.data(), bytes, cudaMemcpyHostToDevice));
+    // Both may return before the bytes land (a memset of device memory, and a copy from pageable
+    // memory once it is staged), and they run on the legacy default stream, which work on a
+    // non-blocking stream does not wait for: a kernel launched there next could read the input
+    // before it arrives, or have its output poisoned after it wrote it (seen once: the dist
+    // device test's lse on another stream, 2026-12-05).
+    cuda_ok(cudaDeviceSynchronize());
     view.data = ptr;
     view.device = Device::kCuda;
   }

@@ -291,22 +291,36 @@ struct BwdBlockMma {
     if constexpr (Cfg::kAccumulateDq) {
       wait_dq_tile_free<Cfg>(half);
       clock.mark(BwdPhase::kDqFree);
-      float* dq_stage = ss.dq.data() + half * kBlockM * Cfg::kDqCols;
+      const float* dq_stage = ss.dq.data() + half * kBlockM * Cfg::kDqCols;
       // Matrix i of an stmatrix is (column parity i % 2, row half i / 2) of one 8-column group,
       // its register this thread's value c + 2 h + 4 j of the accumulator; lane l gives the
-      // address of row l % 8 of matrix l / 8.
+      // address of row l % 8 of matrix l / 8: row r of the tile, 16-byte unit
+      // (2 (j % 4) + parity) ^ (r % 8) of the panel's 128-byte row. A row starts on a 128-byte
+      // boundary and 2 (j % 4) fills the unit index's upper two bits, so group j's address is
+      // group 0's XOR 32 (j % 4), plus its panel's offset: three XORs a block, where the swizzle
+      // written per store was recomputed by ptxas every block (~30 instructions).
       const int lane = threadIdx.x % 32;
       const int parity = lane / 8 % 2;
       const int r = row_in_group - lane / 4 + 8 * (lane / 16) + lane % 8;
-      const bool live[2] = {c0 + row_in_group < int(entry.end),
-                            c0 + row_in_group + 8 < int(entry.end)};
-      auto bits = [&](int i) { return live[i / 2 % 2] ? __float_as_uint(tdQrdQ(i)) : 0u; };
-      CUTLASS_PRAGMA_UNROLL
-      for (int j = 0; j < Cfg::kDqCols / 8; ++j) {
-        const int unit = (2 * (j % 4) + parity) ^ (r % 8);  // within the panel's row
-        float* at = dq_stage + (j / 4) * kBlockM * kBwdDqBoxCols + r * kBwdDqBoxCols + unit * 4;
-        cute::SM90_U32x4_STSM_N::copy(bits(4 * j), bits(4 * j + 1), bits(4 * j + 2),
-                                      bits(4 * j + 3), *reinterpret_cast<cute::uint128_t*>(at));
+      const std::uint32_t at0 =
+          cute::cast_smem_ptr_to_uint(dq_stage + r * kBwdDqBoxCols) + 16 * (parity ^ (r % 8));
+      auto stage = [&](auto bits) {
+        CUTLASS_PRAGMA_UNROLL
+        for (int j = 0; j < Cfg::kDqCols / 8; ++j) {
+          constexpr std::uint32_t kPanelBytes = kBlockM * kBwdDqBoxCols * sizeof(float);
+          stmatrix_x4((at0 ^ (32u * (j % 4))) + (j / 4) * kPanelBytes, bits(4 * j), bits(4 * j + 1),
+                      bits(4 * j + 2), bits(4 * j + 3));
+        }
+      };
+      // Only an entry's last block can have rows past it; the others stage the accumulator as
+      // it is, without a select a value (32 instructions a block). The test is uniform over the
+      // block, taken from lane 0 so that the compiler knows it.
+      if (__shfl_sync(0xffffffffu, c0 + kBlockM <= int(entry.end), 0)) {
+        stage([&](int i) { return __float_as_uint(tdQrdQ(i)); });
+      } else {
+        const bool live[2] = {c0 + row_in_group < int(entry.end),
+                              c0 + row_in_group + 8 < int(entry.end)};
+        stage([&](int i) { return live[i / 2 % 2] ? __float_as_uint(tdQrdQ(i)) : 0u; });
       }
       hand_over_dq_tile<Cfg>(half);
       clock.mark(BwdPhase::kDqStage);

@@ -92,6 +92,16 @@ __device__ __forceinline__ void load_tile(const CUtensorMap* map, std::uint64_t*
     cute::SM90_TMA_LOAD_3D::copy(map, bar, kHint, dst + c * kRows * 64, c * 64, row0, head);
 }
 
+// stmatrix of four 8x8 matrices of 16-bit pairs to a shared-space address (lane l gives row l % 8
+// of matrix l / 8), for callers that compute the addresses themselves: CuTe's atom takes a
+// reference and converts each one from a generic pointer.
+__device__ __forceinline__ void stmatrix_x4(std::uint32_t smem_addr, std::uint32_t m0,
+                                            std::uint32_t m1, std::uint32_t m2, std::uint32_t m3) {
+  asm volatile(
+      "stmatrix.sync.aligned.x4.m8n8.shared.b16 [%0], {%1, %2, %3, %4};\n" ::"r"(smem_addr),
+      "r"(m0), "r"(m1), "r"(m2), "r"(m3));
+}
+
 // This thread's place in the accumulator of a 64xN wgmma (one warp group's): rows `row` and
 // row + 8 of the group's 64, columns col_base + 8 j + {0, 1}; element c + 2 h + 4 j of the
 // fragment is row + 8 h, column col_base + 8 j + c.
