@@ -126,7 +126,9 @@ class FLEXCP_API DistAttention {
                 const TensorView& dk, const TensorView& dv, const TensorView& dsink = {});
 
   // The K/V columns this rank's work reads, [own rows, then received ranges in stage order]:
-  // k_buffer and v_buffer are [Tk_local + received, Hk, D] in the input dtype. Collective.
+  // k_buffer and v_buffer are [Tk_local + received, Hk, D] in the input dtype. Collective. On
+  // CUDA tensors it runs on the legacy default stream and has finished when it returns; k and v
+  // written on a non-blocking stream must be finished first (that stream synchronized).
   void gather_kv(const TensorView& k, const TensorView& v, const TensorView& k_buffer,
                  const TensorView& v_buffer);
 
