@@ -279,6 +279,33 @@ std::int64_t heads_per_unit(const BwdUnits& u, std::int64_t group) {
   return group / units;
 }
 
+// Few items (causal 2K and 4K: one and two waves on 132 SMs) whose walks drift apart take head
+// units of two q heads where the memory is slow (an H100: 25 GB/s per SM; +27% and +7.5% there),
+// and stay items where it is fast (an H200: 37; level there) or not known. Few items that only
+// start apart (a shared question at 2K: 12 blocks a head) or keep in step (full 4K) stay items.
+TEST(BwdUnits, FewItemsTakeHeadUnitsOnlyOnSlowMemory) {
+  const auto planned = [](const Mask& mask, double gbs) {
+    const WorkList cols = key_tiles(mask);
+    BwdUnitOptions o = options(132, 8, 8);
+    o.memory_gbs_per_sm = gbs;
+    BwdUnits u = plan_bwd_units(cols, o);
+    check_units(cols, o, u);
+    EXPECT_LE(cols.num_tiles() * 8, 2 * 132);
+    return u;
+  };
+  for (const std::int64_t t : {2048, 4096}) {
+    SCOPED_TRACE("causal " + std::to_string(t));
+    const BwdUnits slow = planned(masks::causal(t, t), 25.4);
+    ASSERT_EQ(slow.kind, BwdUnitKind::kHeads);
+    EXPECT_EQ(heads_per_unit(slow, 8), 2);
+    EXPECT_EQ(planned(masks::causal(t, t), 37.2).kind, BwdUnitKind::kItems);
+    EXPECT_EQ(planned(masks::causal(t, t), 0).kind, BwdUnitKind::kItems);
+  }
+  const Mask question = masks::shared_question(512, {400, 300, 500, 336});
+  EXPECT_EQ(planned(question, 25.4).kind, BwdUnitKind::kItems);
+  EXPECT_EQ(planned(masks::full(4096, 4096), 25.4).kind, BwdUnitKind::kItems);
+}
+
 // Sliding windows over 32K (tiles that start their walks a block or two apart, walks of equal
 // length): head units, of two q heads where one head walks 20 blocks or more (windows of 2048 and
 // 4096, 33 and 65 blocks: +7% and +17% on the H100), of four where it walks 10 to 20 (window 1024,

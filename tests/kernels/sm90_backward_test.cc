@@ -313,6 +313,22 @@ TEST(Sm90Backward, UnitKindFromTheEnvironment) {
                       "FLEXCP_SM90_BWD_UNITS is 'rows', expected auto, items or heads");
 }
 
+// The plan reads the device memory's bandwidth per SM (an H100 SXM's 25 GB/s, an H200's 37) and
+// gives few items head units only under kShortPlanHeadsBandwidth: causal 4K at 64:8 on 132 SMs
+// (256 items, two waves) takes head units on an H100 and item units on an H200.
+TEST(Sm90Backward, ShortPlansTakeHeadUnitsOnSlowMemoryOnly) {
+  SKIP_WITHOUT_GPU();
+  const double gbs = sm90::planned_memory_gbs_per_sm(0);
+  ASSERT_GT(gbs, 5.0);  // HBM on every sm_90 part: 2-5 TB/s over 78-132 SMs
+  ASSERT_LT(gbs, 100.0);
+  if (sm90::planned_multiprocessors(0) != 132) GTEST_SKIP() << "the case is sized for 132 SMs";
+  const UnitsFromEnv env("auto");
+  const AttentionShape shape{4096, 4096, 64, 8, 128, DType::kBFloat16, Device::kCuda, 0};
+  EXPECT_EQ(AttentionPlan(masks::causal(4096, 4096), shape).impl().bwd_units.kind,
+            gbs < kShortPlanHeadsBandwidth ? BwdUnitKind::kHeads : BwdUnitKind::kItems)
+      << gbs << " GB/s per SM";
+}
+
 // Head units forced on small plans (FLEXCP_SM90_BWD_UNITS=heads): each item's q heads add up in
 // turn in one fp32 slot, which passes from item to item (four kv heads: four sweeps on two sets
 // of slots). They match the reference in both modes, on causal, document and random masks, GQA

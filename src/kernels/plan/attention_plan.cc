@@ -206,7 +206,9 @@ AttentionPlan make_attention_plan(const std::vector<Band>& work, const Attention
                c, "FLEXCP_SM90_BWD_UNITS",
                {{"items", BwdUnitKind::kItems}, {"heads", BwdUnitKind::kHeads}}),
            .unit_heads = choice_from_env<std::int64_t>(c, "FLEXCP_SM90_BWD_UNIT_HEADS",
-                                                       {{"1", 1}, {"2", 2}, {"4", 4}, {"8", 8}})});
+                                                       {{"1", 1}, {"2", 2}, {"4", 4}, {"8", 8}}),
+           .memory_gbs_per_sm =
+               sm90::planned_memory_gbs_per_sm(static_cast<int>(shape.device_index))});
     } catch (const std::length_error& e) {
       c.fail(e.what());
     }

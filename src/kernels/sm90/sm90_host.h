@@ -29,5 +29,9 @@ int check_device(const std::string& fn, int device_index);
 // and an H200's) where it cannot be read (a plan built where no GPU is visible; it runs nowhere
 // until its workspace is bound on one).
 int planned_multiprocessors(int device_index);
+// The device memory's peak bandwidth per multiprocessor in GB/s (memory clock x 2 transfers x bus
+// width, over the SMs), for the backward's unit rule (BwdUnitOptions::memory_gbs_per_sm); 0 where
+// it cannot be read.
+double planned_memory_gbs_per_sm(int device_index);
 
 }  // namespace flexcp::sm90

@@ -33,14 +33,15 @@ constexpr double kChainOverhead = 2.0;
 // Head units where the walks of the tiles that share q blocks differ in length by at least
 // kMinDrift (bwd_walk_drift: causal and causal documents 0.30, block-causal 2048 at 32K 0.29,
 // prefix-LM 0.27, full documents 0.11-0.16, full 0), where the plan has more than kInnerWalkWaves
-// waves of items, and where one head's walk averages at least kMinHeadUnitBlocks. Measured on the
-// H200 (GQA 64:8, the protocol masks at 8K-32K, bench/results/h200-backward-2026-12-04.md section
-// 14), head units against item units: causal, causal documents and window 4096 over documents
-// shorter than the window (drift 0.30) +6% to +10%; block-causal +3% at 0.29, -4% at 0.26;
-// prefix-LM (0.27) -5% to +1%; shared question (0.6-0.9) -3% at 8K, +21% at 32K; under 0.2,
-// -1% to -11%, tracking the unit's own cost against its length (full documents -6% at 32 blocks a
-// head, -1.6% at 110; window 1024 -9% to -11% at 13-17 blocks). Causal documents at 17 blocks a
-// head still gained 6%: the floor below is a guess past that.
+// waves of items (or fewer on slow memory), and where one head's walk averages at least
+// kMinHeadUnitBlocks. Measured on the H200 (GQA 64:8, the protocol masks at 8K-32K,
+// bench/results/h200-backward-2026-12-04.md section 14), head units against item units: causal,
+// causal documents and window 4096 over documents shorter than the window (drift 0.30) +6% to +10%;
+// block-causal +3% at 0.29, -4% at 0.26; prefix-LM (0.27) -5% to +1%; shared question (0.6-0.9) -3%
+// at 8K, +21% at 32K; under 0.2, -1% to -11%, tracking the unit's own cost against its length (full
+// documents -6% at 32 blocks a head, -1.6% at 110; window 1024 -9% to -11% at 13-17 blocks). Causal
+// documents at 17 blocks a head still gained 6%: the floor below is a guess past that. Plans of
+// fewer items: see kShortPlanHeadsBandwidth.
 constexpr double kMinDrift = 0.28;
 constexpr double kMinHeadUnitBlocks = 16;
 // Head units also where side-by-side tiles' walks start apart (bwd_walk_shift at least
@@ -196,9 +197,16 @@ std::int64_t head_unit_heads(const WorkList& cols, const std::vector<std::int64_
   double n = 0, sum = 0;
   for (const std::int64_t b : blocks)
     if (b > 0) n += 1, sum += double(b);
-  if (n * double(o.heads_kv) <= double(kInnerWalkWaves) * o.sms) return 0;
   const double per_head = sum / n / double(o.group);
-  if (per_head >= kMinHeadUnitBlocks && bwd_walk_drift(cols, o) >= kMinDrift) return kHeadsPerUnit;
+  const bool drifts = per_head >= kMinHeadUnitBlocks && bwd_walk_drift(cols, o) >= kMinDrift;
+  if (n * double(o.heads_kv) <= double(kInnerWalkWaves) * o.sms) {
+    // Few items: L2 misses of their walks cost only where the memory is slow (the shift test,
+    // units of four on a shared question 2K, lost 21% on an H200 and is not taken here).
+    const bool slow_memory =
+        o.memory_gbs_per_sm > 0 && o.memory_gbs_per_sm < kShortPlanHeadsBandwidth;
+    return slow_memory && drifts ? kHeadsPerUnit : 0;
+  }
+  if (drifts) return kHeadsPerUnit;
   if (bwd_walk_shift(cols, o) < kMinShift) return 0;
   for (std::int64_t heads = kHeadsPerUnit; heads < o.group; heads *= 2)
     if (per_head * double(heads) >= kMinShiftedUnitBlocks) return heads;

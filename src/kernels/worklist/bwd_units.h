@@ -104,7 +104,18 @@ struct BwdUnitOptions {
   // Head units: q heads of the group per unit (the last unit of an item takes what is left);
   // empty: the plan's (kHeadsPerUnit, or more where one head's walk is short: plan_bwd_units).
   std::optional<std::int64_t> unit_heads;
+  // The device memory's peak bandwidth per SM in GB/s (0: not known): where it is under
+  // kShortPlanHeadsBandwidth, plans of few items take head units too (plan_bwd_units).
+  double memory_gbs_per_sm = 0;
 };
+
+// Plans of at most kInnerWalkWaves waves of items walk from the last block and keep in step;
+// they take head units only where the device memory serves under this many GB/s per SM (an H100
+// SXM's 3.35 TB/s on 132 SMs: 25; an H200's 4.8-4.9 TB/s: 37) and their walks drift apart as the
+// rule's drift test asks. Measured on an H100 (bench/results/h100-2026-12-06.md section 7), head
+// units of two q heads against item units: causal 2K +27%, 4K +7.5%, a shared question 4K +12%;
+// on an H200: causal level, the shared question 4K -3%.
+inline constexpr double kShortPlanHeadsBandwidth = 30;
 
 // Head units' q heads each, unless the options ask otherwise or the walks are short: two. Each unit
 // reads and stores its item's 128 KB slot, so fewer units mean less slot traffic, but side-by-side
@@ -148,11 +159,11 @@ inline constexpr int kHeadSweepTiles = 256;
 // The units for `cols` (tiles of keys, intervals of q rows): the items as they are, kv head by kv
 // head and busiest tile first (each kv head's Q and dO stay in L2 while its tiles run), unless a
 // split, or the busiest-first order across kv heads, is predicted to finish sooner by more than the
-// split's own cost (its partials' traffic, counted in the simulation). Plans of many waves whose
-// items' walks drift apart (bwd_walk_drift) or start apart (bwd_walk_shift), and are long enough
-// to pay for one slot's traffic per unit, get head units (BwdUnitKind::kHeads) instead, when the
-// group has more than one q head.
-// Throws std::length_error if one item has 2^31 blocks or more.
+// split's own cost (its partials' traffic, counted in the simulation). Plans of many waves (or of
+// few on slow memory: kShortPlanHeadsBandwidth) whose items' walks drift apart (bwd_walk_drift) or
+// start apart (bwd_walk_shift), and are long enough to pay for one slot's traffic per unit, get
+// head units (BwdUnitKind::kHeads) instead, when the group has more than one q head. Throws
+// std::length_error if one item has 2^31 blocks or more.
 BwdUnits plan_bwd_units(const WorkList& cols, const BwdUnitOptions& o);
 
 }  // namespace flexcp
