@@ -198,15 +198,19 @@ std::int64_t head_unit_heads(const WorkList& cols, const std::vector<std::int64_
   for (const std::int64_t b : blocks)
     if (b > 0) n += 1, sum += double(b);
   const double per_head = sum / n / double(o.group);
-  const bool drifts = per_head >= kMinHeadUnitBlocks && bwd_walk_drift(cols, o) >= kMinDrift;
-  if (n * double(o.heads_kv) <= double(kInnerWalkWaves) * o.sms) {
-    // Few items: L2 misses of their walks cost only where the memory is slow (the shift test,
-    // units of four on a shared question 2K, lost 21% on an H200 and is not taken here).
+  const double items = n * double(o.heads_kv);
+  if (items <= double(kInnerWalkWaves) * o.sms) {
+    // Few items: L2 misses of their walks cost only where the memory is slow, and only where
+    // there are enough of them for the units' turns to hide (kShortPlanHeadsBandwidth). The
+    // shift test's units of four (a shared question 2K) lost 21% on an H200: not taken here.
     const bool slow_memory =
         o.memory_gbs_per_sm > 0 && o.memory_gbs_per_sm < kShortPlanHeadsBandwidth;
-    return slow_memory && drifts ? kHeadsPerUnit : 0;
+    return slow_memory && items >= kShortPlanHeadsMinWave * o.sms &&
+                   bwd_walk_drift(cols, o) >= kMinDrift
+               ? kHeadsPerUnit
+               : 0;
   }
-  if (drifts) return kHeadsPerUnit;
+  if (per_head >= kMinHeadUnitBlocks && bwd_walk_drift(cols, o) >= kMinDrift) return kHeadsPerUnit;
   if (bwd_walk_shift(cols, o) < kMinShift) return 0;
   for (std::int64_t heads = kHeadsPerUnit; heads < o.group; heads *= 2)
     if (per_head * double(heads) >= kMinShiftedUnitBlocks) return heads;

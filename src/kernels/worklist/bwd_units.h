@@ -110,12 +110,18 @@ struct BwdUnitOptions {
 };
 
 // Plans of at most kInnerWalkWaves waves of items walk from the last block and keep in step;
-// they take head units only where the device memory serves under this many GB/s per SM (an H100
-// SXM's 3.35 TB/s on 132 SMs: 25; an H200's 4.8-4.9 TB/s: 37) and their walks drift apart as the
-// rule's drift test asks. Measured on an H100 (bench/results/h100-2026-12-06.md section 7), head
-// units of two q heads against item units: causal 2K +27%, 4K +7.5%, a shared question 4K +12%;
-// on an H200: causal level, the shared question 4K -3%.
+// they take head units (of two q heads) only where the device memory serves under this many GB/s
+// per SM (an H100 SXM's 3.35 TB/s on 132 SMs: 25; an H200's 4.8-4.9 TB/s: 37), their walks drift
+// apart (bwd_walk_drift at least the rule's 0.28, however short a head's walk) and their items
+// fill at least kShortPlanHeadsMinWave of a wave. Measured on an H100 (GQA 64:8,
+// bench/results/h100-2026-12-06.md section 7), head units of two q heads against item units:
+// causal 2K and 4K +27% and +7.5%, causal documents +11% and +7% (5 and 9 blocks a head), a shared
+// question +4.5% and +12%; at 1K (64 items on 132 SMs) every mask 2-30% slower; prefix-LM (drift
+// 0.27) -18% at 2K, +7% at 4K. On an H200: causal 2K and 4K level, the shared question 4K -3%.
 inline constexpr double kShortPlanHeadsBandwidth = 30;
+// Items per SM at least, for those head units: between the 1K plans' 64 items on 132 SMs (every
+// mask slower) and the 2K plans' 128 (causal, causal documents and a shared question faster).
+inline constexpr double kShortPlanHeadsMinWave = 0.75;
 
 // Head units' q heads each, unless the options ask otherwise or the walks are short: two. Each unit
 // reads and stores its item's 128 KB slot, so fewer units mean less slot traffic, but side-by-side
