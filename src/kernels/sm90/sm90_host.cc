@@ -118,15 +118,16 @@ int planned_multiprocessors(int device_index) {
 }
 
 double planned_memory_gbs_per_sm(int device_index) {
-  int khz = 0, bits = 0, sms = 0;
+  int khz = 0, bits = 0;
   if (cudaDeviceGetAttribute(&khz, cudaDevAttrMemoryClockRate, device_index) != cudaSuccess ||
-      cudaDeviceGetAttribute(&bits, cudaDevAttrGlobalMemoryBusWidth, device_index) != cudaSuccess ||
-      cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device_index) != cudaSuccess) {
+      cudaDeviceGetAttribute(&bits, cudaDevAttrGlobalMemoryBusWidth, device_index) != cudaSuccess) {
     cudaGetLastError();  // not sticky: clear it for the caller's next check
     return 0;
   }
-  if (khz <= 0 || bits <= 0 || sms <= 0) return 0;
-  return 2.0 * double(khz) * 1e3 * double(bits) / 8.0 / double(sms) / 1e9;
+  if (khz <= 0 || bits <= 0) return 0;
+  // Over the SMs the units are planned for (one per SM).
+  return 2.0 * double(khz) * 1e3 * double(bits) / 8.0 /
+         double(planned_multiprocessors(device_index)) / 1e9;
 }
 
 }  // namespace flexcp::sm90

@@ -200,9 +200,10 @@ std::int64_t head_unit_heads(const WorkList& cols, const std::vector<std::int64_
   const double per_head = sum / n / double(o.group);
   const double items = n * double(o.heads_kv);
   if (items <= double(kInnerWalkWaves) * o.sms) {
-    // Few items: L2 misses of their walks cost only where the memory is slow, and only where
-    // there are enough of them for the units' turns to hide (kShortPlanHeadsBandwidth). The
-    // shift test's units of four (a shared question 2K) lost 21% on an H200: not taken here.
+    // Few items: L2 misses of their walks cost only where the memory is slow
+    // (kShortPlanHeadsBandwidth), and head units pay only where the items fill most of a wave
+    // (kShortPlanHeadsMinWave). The shift test's units of four (a shared question 2K) lost 21% on
+    // an H200: not taken here.
     const bool slow_memory =
         o.memory_gbs_per_sm > 0 && o.memory_gbs_per_sm < kShortPlanHeadsBandwidth;
     return slow_memory && items >= kShortPlanHeadsMinWave * o.sms &&
