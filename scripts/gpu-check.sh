@@ -43,7 +43,8 @@ t0=$SECONDS
 rc=0
 if [[ ${CTEST:-1} != 0 ]]; then
   # CTEST_TIMEOUT: the default limit of a test in seconds (ctest --timeout), e.g. for a kernel
-  # change that might hang.
+  # change that might hang; 240 or more, since Sm90Backward.LongVarlen (1M tokens) ran past 120
+  # under -j 8 on an H100.
   ctest --test-dir build/gpu -j 8 --output-on-failure ${CTEST_TIMEOUT:+--timeout "$CTEST_TIMEOUT"} \
     > "$out/ctest.log" 2>&1
   rc=$?

@@ -64,9 +64,10 @@ if [[ -n ${SAME_BITS:-} ]]; then
   A_TREE=. ab_both "$@"
   exit $?
 fi
-# The tests first, each cut at 120 s (the longest GPU test takes ~90 s): a patch that hangs the
-# kernel then fails here instead of spending the call, and the rest is skipped.
-if ! CTEST_TIMEOUT=120 SANITIZE=0 PYTEST=0 scripts/gpu-check.sh "$out/check" \
+# The tests first, each cut at 240 s (the longest, Sm90Backward.LongVarlen, takes ~96 s alone and
+# passed 120 s under ctest -j 8 on an H100 on 2026-12-06): a patch that hangs the kernel then fails
+# here instead of spending the call, and the rest is skipped.
+if ! CTEST_TIMEOUT=240 SANITIZE=0 PYTEST=0 scripts/gpu-check.sh "$out/check" \
   > "$out/check.log" 2>&1; then
   tail -25 "$out/check/summary.txt"
   grep -E "Failed|\*\*\*Failed|FAILED|Timeout" "$out/check/ctest.log" | head -10
