@@ -16,8 +16,8 @@ events (no cache flush between them), so that host launch cost counts the same f
 samples of the same length as the tool takes; the median.
 Long runs meet the board's power limit, so the SM clock and power are sampled while each is timed
 (`gpu_clocks.py`) and written beside the TFLOPS (a second table): a peer ahead per cycle may be
-behind per joule. flexcp's tool runs in its own process, so its figures are that process's busy
-samples (the forward runs alone; the backward and fwd+bwd share a second run).
+behind per joule. flexcp's tool runs in its own process and prints when each direction's timed
+runs ran, so its figures are the samples of those runs, as a peer's are of its own.
 
     python3 bench/gpu_attention_bench.py --flexcp CLI --specs DIR --out DIR
         (DIR holds <mask>-<T>.json files; bench/gpu_bench.sh writes them)
@@ -148,8 +148,8 @@ def time_directions(fn, inputs, backward):
 
 def flexcp_ms(cli, spec_path, a):
     """(milliseconds, clocks) of flexcp per direction, timed by the tool with CUDA events: the
-    forward in a run of its own, so that its clocks are the forward's; with --backward, the
-    backward and fwd+bwd from a second run (its clocks, mostly the backward's, for both)."""
+    forward in a run of its own; with --backward, the backward and fwd+bwd from a second run.
+    Each direction's clocks are those of its timed runs (the window the tool prints)."""
     ms, clocks = {}, {}
     for backward in [False] + ([True] if a.backward else []):
         cmd = [cli, "bench", "--device", "cuda", "--mask-file", spec_path, "--heads", str(a.heads),
@@ -164,7 +164,10 @@ def flexcp_ms(cli, spec_path, a):
         for r in json.loads(res.stdout.strip().splitlines()[-1]):
             if backward == (r["direction"] != "fwd"):
                 ms[r["direction"]] = r["time_us"] * 1e-3
-                clocks[r["direction"]] = sampler.summary(busy_only=True)
+                # Over the direction's own timed runs, as the peers' (a tool from before the
+                # windows: the busy samples of its whole run).
+                clocks[r["direction"]] = (sampler.summary(window=r["window_s"]) if "window_s" in r
+                                          else sampler.summary(busy_only=True))
     return ms, clocks
 
 
@@ -320,8 +323,8 @@ def write_clocks(path, directions, meta, rows, peers):
     with open(path, "w") as md:
         md.write(f"# SM clock (MHz) / board power (W) / share of samples held by a power or "
                  f"thermal limit, while timed ({meta['gpu']}, bf16, "
-                 f"H={meta['heads']} HK={meta['heads_kv']} D={meta['head_dim']}; flexcp: its "
-                 "process's busy samples, bwd and fwd+bwd from one run)\n\n")
+                 f"H={meta['heads']} HK={meta['heads_kv']} D={meta['head_dim']}; each over "
+                 "its timed samples; power instantaneous where the driver reads it)\n\n")
         cols = [(who, d) for d in directions for who in peers]
         write_cells(md, cols, rows, cell)
         write_per_cycle(md, cols, meta, rows)

@@ -4,7 +4,7 @@
 # carried), on the same protocol masks, alternating A and B for ROUNDS rounds so that clock drift
 # and heat hit both alike. Needs build/gpu (scripts/gpu-check.sh builds it). Prints one line per
 # mask: TFLOPS of A and B (median over rounds), A/B, and each side's SM clock (median over rounds
-# of the mean over a call's busy samples).
+# of the mean over a call's timed runs).
 #   scripts/gpu-ab.sh BASE_TREE OUT [lengths...]
 # A_TREE (optional) builds A from another tree as B is built (e.g. two branches carried as ignored
 # folders, each against main's, in one call), instead of this tree's build/gpu.
@@ -80,8 +80,9 @@ direction_flags() {  # cli -> its bench options for the direction compared
 }
 a_flags=$(direction_flags "$a") b_flags=$(direction_flags "$b")
 # variables cli flags spec -> "TFLOPS MHz" of one bench call, in the direction compared: the SM
-# clock is the mean over the call's busy samples (bench/gpu_clocks.py; 0 where NVML cannot be
-# read), so that a ratio says whether it comes from cycles or from the clock.
+# clock is the mean over the call's timed runs (the window the tool prints; its busy samples for a
+# build from before the windows; bench/gpu_clocks.py; 0 where NVML cannot be read), so that a
+# ratio says whether it comes from cycles or from the clock.
 tflops() {
   # shellcheck disable=SC2086  # the variables and the flags are lists
   env $1 python3 bench/gpu_clocks.py "$2" bench --device cuda --mask-file "$4" --heads "$heads" \

@@ -72,7 +72,7 @@ for t in ${DIST_BENCH:-}; do
   done
 done > "$out/dist-bench.log"
 # One line per case and direction: the kernel's and the distributed path's TFLOPS, and their ratio.
-grep "path=dist" "$out/dist-bench.log" | sed -E 's/.*mask=(.*) Tq=.* dir=([^ ]+) .*TFLOPS=([0-9.]+) kernel_over_dist=([0-9.]+)/\1 \2: dist \3 TFLOPS, kernel\/dist \4/' \
+grep "path=dist" "$out/dist-bench.log" | sed -E 's/.*mask=(.*) Tq=.* dir=([^ ]+) .*TFLOPS=([0-9.]+) kernel_over_dist=([0-9.]+).*/\1 \2: dist \3 TFLOPS, kernel\/dist \4/' \
   >> "$summary"
 ((rc == 0)) || grep -hE "Failed|FAILED|ERROR" "$out"/*.log | head -20
 cat "$summary"

@@ -13,6 +13,7 @@
 
 #include "npy.h"
 #include "test_util.h"
+#include "timing.h"
 
 namespace flexcp {
 namespace {
@@ -318,15 +319,27 @@ TEST_F(Cli, MaskDrawsSvg) {
 }
 
 TEST_F(Cli, BenchPrintsJsonAndRunChecksItself) {
+  const double before_s = flexcp::tools::monotonic_seconds();
   Result r = run_cli(
       "bench --mask causal --seqlen 300 --heads 2 --heads-kv 1 --head-dim 64 --dtype fp32 "
       "--backward --json --repeat 1");
+  const double after_s = flexcp::tools::monotonic_seconds();
   ASSERT_EQ(r.code, 0) << r.output;
   const auto j = nlohmann::json::parse(r.output);
   ASSERT_EQ(j.size(), 3u);
   EXPECT_EQ(j[0]["direction"], "fwd");
   EXPECT_EQ(j[1]["direction"], "bwd");
   EXPECT_EQ(j[2]["direction"], "fwd+bwd");
+  // Each direction's timed runs on this process's monotonic clock (what a clock sampler beside
+  // the tool averages over): inside the tool's run, in order, the warm-up before each left out.
+  double last_s = before_s;
+  for (const auto& dir : j) {
+    const double from_s = dir["window_s"][0].get<double>(), to_s = dir["window_s"][1].get<double>();
+    EXPECT_LE(last_s, from_s) << dir.dump();
+    EXPECT_LT(from_s, to_s) << dir.dump();
+    last_s = to_s;
+  }
+  EXPECT_LE(last_s, after_s);
   EXPECT_EQ(j[0]["area"], 300 * 301 / 2);
   // fwd+bwd counts both directions' flops: 3.5x the forward's.
   const double work_fwd = j[0]["tflops"].get<double>() * j[0]["time_us"].get<double>();
@@ -373,15 +386,24 @@ TEST_F(Cli, BenchWarmsUpForTheTimeAsked) {
       "bench --mask causal --seqlen 64 --heads 1 --heads-kv 1 --head-dim 64 --dtype fp32 --warmup "
       "0 "
       "--repeat 1";
-  auto seconds = [](const std::string& args) {
+  std::string output;  // of the last run
+  auto seconds = [&output](const std::string& args) {
     const auto t0 = std::chrono::steady_clock::now();
     const Result r = run_cli(args);
     EXPECT_EQ(r.code, 0) << r.output;
+    output = r.output;
     return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   };
   const double plain = seconds(bench);
+  const double start_s = flexcp::tools::monotonic_seconds();
   const double warmed = seconds(bench + " --warmup-ms 1500");
   EXPECT_GE(warmed - plain, 1.0) << "plain " << plain << " s, --warmup-ms 1500: " << warmed << " s";
+  // The timed window it prints opens after the warm-up, and closes before the tool returns.
+  std::smatch window;
+  ASSERT_TRUE(std::regex_search(output, window, std::regex(R"(window_s=([0-9.]+):([0-9.]+))")))
+      << output;
+  EXPECT_GE(std::stod(window[1]) - start_s, 1.5) << output;
+  EXPECT_LE(std::stod(window[2]), start_s + warmed) << output;
   const Result r = run_cli(bench + " --warmup-ms -5");
   EXPECT_EQ(r.code, 2) << r.output;
   EXPECT_NE(r.output.find("--warmup-ms: -5 is below 0"), std::string::npos) << r.output;

@@ -42,8 +42,13 @@ Directions directions(const BenchArgs& a) {
   return {a.only == "fwd", a.only == "bwd", a.only == "fwd+bwd"};
 }
 
+// One direction's median seconds (0 where not timed) and when its timed runs ran.
+struct Timed {
+  double seconds = 0;
+  TimedWindow window;
+};
 struct Times {
-  double fwd = 0, bwd = 0, fwd_bwd = 0;  // median seconds; 0 where not timed
+  Timed fwd, bwd, fwd_bwd;
 };
 
 #if defined(FLEXCP_TOOLS_CUDA)
@@ -137,12 +142,13 @@ struct DistCalls : DeviceCalls {
 std::vector<Times> device_times(const std::vector<const DeviceCalls*>& ways, Directions dirs,
                                 int warmup, int repeat, int warmup_ms) {
   std::vector<Times> t(ways.size());
-  auto time = [&](auto&& call_of, double Times::*field) {
+  auto time = [&](auto&& call_of, Timed Times::*field) {
     std::vector<std::function<void()>> fns;
     for (const DeviceCalls* w : ways) fns.push_back(call_of(*w));
+    TimedWindow window;
     const std::vector<double> medians =
-        alternating_median_device_seconds(fns, std::max(warmup, 1), repeat, warmup_ms);
-    for (std::size_t i = 0; i < ways.size(); ++i) t[i].*field = medians[i];
+        alternating_median_device_seconds(fns, std::max(warmup, 1), repeat, warmup_ms, &window);
+    for (std::size_t i = 0; i < ways.size(); ++i) t[i].*field = {medians[i], window};
   };
   if (dirs.fwd) time([](const DeviceCalls& w) { return w.fwd; }, &Times::fwd);
   if (dirs.bwd) {
@@ -197,8 +203,12 @@ void run_bench(const BenchArgs& a) {
   for (HostTensor* t : {&q, &k, &v}) t->fill_uniform(seed++, 1.0f);
   const double flops = forward_flops(mask.area(), a.shape.head_dim, a.shape.heads);
   nlohmann::json results = nlohmann::json::array();
-  // kernel_seconds: for a time through DistAttention, the bare kernel's, for the ratio.
-  auto report = [&](const char* dir, double seconds, double dir_flops, double kernel_seconds = 0) {
+  // kernel_seconds: for a time through DistAttention, the bare kernel's, for the ratio. The
+  // window (monotonic seconds, timing.h) lets a clock sampler in another process average over
+  // the timed runs only (bench/gpu_clocks.py).
+  auto report = [&](const char* dir, const Timed& timed, double dir_flops,
+                    double kernel_seconds = 0) {
+    const double seconds = timed.seconds;
     const double tflops = dir_flops / seconds / 1e12;
     const bool dist = kernel_seconds > 0;
     const std::string head =
@@ -221,13 +231,16 @@ void run_bench(const BenchArgs& a) {
                          {"area", mask.area()},
                          {"path", dist ? "dist" : "kernel"},
                          {"time_us", seconds * 1e6},
-                         {"tflops", tflops}});
+                         {"tflops", tflops},
+                         {"window_s", {timed.window.from_s, timed.window.to_s}}});
       if (dist) results.back()["kernel_over_dist"] = kernel_seconds / seconds;
     } else if (dist) {
-      std::printf("%s [result] time_us=%.1f TFLOPS=%.4f kernel_over_dist=%.4f\n", head.c_str(),
-                  seconds * 1e6, tflops, kernel_seconds / seconds);
+      std::printf("%s [result] time_us=%.1f TFLOPS=%.4f kernel_over_dist=%.4f window_s=%.6f:%.6f\n",
+                  head.c_str(), seconds * 1e6, tflops, kernel_seconds / seconds,
+                  timed.window.from_s, timed.window.to_s);
     } else {
-      std::printf("%s [result] time_us=%.1f TFLOPS=%.4f\n", head.c_str(), seconds * 1e6, tflops);
+      std::printf("%s [result] time_us=%.1f TFLOPS=%.4f window_s=%.6f:%.6f\n", head.c_str(),
+                  seconds * 1e6, tflops, timed.window.from_s, timed.window.to_s);
     }
   };
   std::optional<HostTensor> dout;
@@ -251,8 +264,11 @@ void run_bench(const BenchArgs& a) {
     const AttentionShape shape{tq, tk, a.shape.heads, a.shape.heads_kv, a.shape.head_dim, dtype};
     const AttentionPlan plan(mask, shape, {.backward = a.backward});
     auto fwd = [&] { forward(plan, q.view(), k.view(), v.view(), out.view(), lse.view()); };
+    auto time = [&](const std::function<void()>& fn, Timed& into) {
+      into.seconds = median_seconds(fn, a.warmup, a.repeat, a.warmup_ms, &into.window);
+    };
     if (dirs.fwd)
-      t.fwd = median_seconds(fwd, a.warmup, a.repeat, a.warmup_ms);
+      time(fwd, t.fwd);
     else
       fwd();  // the out and lse that the backward reads
     if (dout) {
@@ -261,14 +277,14 @@ void run_bench(const BenchArgs& a) {
         backward(plan, dout->view(), q.view(), k.view(), v.view(), out.view(), lse.view(),
                  dq.view(), dk.view(), dv.view());
       };
-      if (dirs.bwd) t.bwd = median_seconds(bwd, a.warmup, a.repeat, a.warmup_ms);
+      if (dirs.bwd) time(bwd, t.bwd);
       if (dirs.fwd_bwd)
-        t.fwd_bwd = median_seconds(
+        time(
             [&] {
               fwd();
               bwd();
             },
-            a.warmup, a.repeat, a.warmup_ms);
+            t.fwd_bwd);
     }
   }
   if (dirs.fwd) report("fwd", t.fwd, flops);
@@ -276,9 +292,10 @@ void run_bench(const BenchArgs& a) {
   if (dirs.fwd_bwd) report("fwd+bwd", t.fwd_bwd, (1 + kBackwardFlopsRatio) * flops);
   if (through_dist) {
     const Times& d = *through_dist;
-    if (dirs.fwd) report("fwd", d.fwd, flops, t.fwd);
-    if (dirs.bwd) report("bwd", d.bwd, kBackwardFlopsRatio * flops, t.bwd);
-    if (dirs.fwd_bwd) report("fwd+bwd", d.fwd_bwd, (1 + kBackwardFlopsRatio) * flops, t.fwd_bwd);
+    if (dirs.fwd) report("fwd", d.fwd, flops, t.fwd.seconds);
+    if (dirs.bwd) report("bwd", d.bwd, kBackwardFlopsRatio * flops, t.bwd.seconds);
+    if (dirs.fwd_bwd)
+      report("fwd+bwd", d.fwd_bwd, (1 + kBackwardFlopsRatio) * flops, t.fwd_bwd.seconds);
   }
   if (a.json) std::cout << results.dump() << "\n";
 }

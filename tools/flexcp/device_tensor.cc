@@ -68,13 +68,14 @@ DeviceWorkspace::~DeviceWorkspace() {
   cudaFree(data_);
 }
 
-double median_device_seconds(const std::function<void()>& fn, int warmup, int repeat,
-                             int warmup_ms) {
-  return alternating_median_device_seconds({fn}, warmup, repeat, warmup_ms).front();
+double median_device_seconds(const std::function<void()>& fn, int warmup, int repeat, int warmup_ms,
+                             TimedWindow* window) {
+  return alternating_median_device_seconds({fn}, warmup, repeat, warmup_ms, window).front();
 }
 
 std::vector<double> alternating_median_device_seconds(const std::vector<std::function<void()>>& fns,
-                                                      int warmup, int repeat, int warmup_ms) {
+                                                      int warmup, int repeat, int warmup_ms,
+                                                      TimedWindow* window) {
   cudaEvent_t start, stop;
   check(cudaEventCreate(&start), "cudaEventCreate");
   check(cudaEventCreate(&stop), "cudaEventCreate");
@@ -98,10 +99,14 @@ std::vector<double> alternating_median_device_seconds(const std::vector<std::fun
   // Warm by time too, in turn as the samples are taken.
   for (float warmed_ms = 0; warmed_ms < static_cast<float>(warmup_ms);)
     for (std::size_t f = 0; f < fns.size(); ++f) warmed_ms += batch_ms(fns[f], calls[f]);
+  // The device is idle here (every batch above was waited for), so the window opens with the
+  // first timed batch and closes when the last has finished.
+  const double from_s = monotonic_seconds();
   std::vector<std::vector<double>> times(fns.size());
   for (int i = 0; i < repeat; ++i)
     for (std::size_t f = 0; f < fns.size(); ++f)
       times[f].push_back(batch_ms(fns[f], calls[f]) * 1e-3 / calls[f]);
+  if (window != nullptr) *window = {from_s, monotonic_seconds()};
   cudaEventDestroy(start);
   cudaEventDestroy(stop);
   std::vector<double> medians;

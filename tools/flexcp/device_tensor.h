@@ -7,6 +7,7 @@
 
 #include "flexcp/attention_plan.h"
 #include "host_tensor.h"
+#include "timing.h"
 
 namespace flexcp::tools {
 
@@ -45,13 +46,15 @@ void device_synchronize();
 
 // Median time of one call of `fn` on the device's default stream: events around batches of
 // back-to-back calls, after `warmup` calls and then batches for at least `warmup_ms` (timing.h
-// says why).
+// says why). `window`, where given, receives when the timed batches ran (each batch is waited
+// for, so the host's clock brackets the device's work).
 double median_device_seconds(const std::function<void()>& fn, int warmup, int repeat,
-                             int warmup_ms = 0);
+                             int warmup_ms = 0, TimedWindow* window = nullptr);
 // The same for several ways of doing one thing, their samples taken in turn (a batch of the
 // first, one of the second, ..., `repeat` times), so that clock drift and heat reach all alike and
-// their ratios are fair; one median per function, in order.
+// their ratios are fair; one median per function, in order, and one window for all.
 std::vector<double> alternating_median_device_seconds(const std::vector<std::function<void()>>& fns,
-                                                      int warmup, int repeat, int warmup_ms = 0);
+                                                      int warmup, int repeat, int warmup_ms = 0,
+                                                      TimedWindow* window = nullptr);
 
 }  // namespace flexcp::tools
