@@ -197,7 +197,6 @@ std::int64_t head_unit_heads(const WorkList& cols, const std::vector<std::int64_
   double n = 0, sum = 0;
   for (const std::int64_t b : blocks)
     if (b > 0) n += 1, sum += double(b);
-  const double per_head = sum / n / double(o.group);
   const double items = n * double(o.heads_kv);
   if (items <= double(kInnerWalkWaves) * o.sms) {
     // Few items: L2 misses of their walks cost only where the memory is slow
@@ -211,6 +210,7 @@ std::int64_t head_unit_heads(const WorkList& cols, const std::vector<std::int64_
                ? kHeadsPerUnit
                : 0;
   }
+  const double per_head = sum / n / double(o.group);  // blocks of one q head's walk
   if (per_head >= kMinHeadUnitBlocks && bwd_walk_drift(cols, o) >= kMinDrift) return kHeadsPerUnit;
   if (bwd_walk_shift(cols, o) < kMinShift) return 0;
   for (std::int64_t heads = kHeadsPerUnit; heads < o.group; heads *= 2)
