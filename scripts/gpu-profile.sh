@@ -5,9 +5,12 @@
 # plus the tensor-pipe metrics this ncu knows.
 #   scripts/gpu-profile.sh OUT            BACKWARD=1 scripts/gpu-profile.sh OUT
 # CASES names the cases to run (default: full-16k swa1024-32k causal-1k; full-4k, full-32k,
-# causal-32k and swa4096-32k on request); CLI names another flexcp CLI to profile (e.g.
-# scripts/gpu-ab.sh's build-ab/tools/flexcp/flexcp, built for bf16 and head dim 128 only), instead
-# of building build/gpu;
+# causal-32k, varlen-causal-32k and swa4096-32k on request); CLI names another flexcp CLI to
+# profile (e.g. scripts/gpu-ab.sh's build-ab/tools/flexcp/flexcp, built for bf16 and head dim 128
+# only), instead of building build/gpu;
+# PASSES=1 profiles instead the backward's three kernels of one call per case (the row statistics,
+# the main kernel, the dq conversion): each one's time, DRAM bytes and share of DRAM's peak, the
+# passes' cost beside the main kernel (bench/results/h100-2026-12-06.md section 14);
 # SOURCE=1 adds the per-instruction stall samples (SourceCounters) and prints the hottest SASS
 # lines (scripts/ncu-hot-sass.py); KEEP_CSV=1 also keeps every instruction's samples (gzip). With
 # FA4_SITE (scripts/gpu-fa4.sh), FlashAttention-4's kernel is profiled the same way on the full
@@ -72,6 +75,14 @@ profile() {
   local name=$1
   shift
   [[ " ${CASES:-full-16k swa1024-32k causal-1k} " == *" $name "* ]] || return 0
+  if [[ -n ${PASSES:-} ]]; then  # the second backward's three kernels (the first warms up)
+    ncu --clock-control none --kernel-name 'regex:bwd_preprocess|bwd_kernel|bwd_postprocess' \
+      --launch-skip 3 --launch-count 3 --metrics gpu__time_duration.sum,dram__bytes_read.sum,\
+dram__bytes_write.sum,dram__throughput.avg.pct_of_peak_sustained_elapsed "$cli" bench \
+      --device cuda --heads 64 --heads-kv 8 --head-dim 128 --warmup 1 --repeat 1 --only bwd "$@" \
+      > "$out/ncu-passes-$name.txt" 2>&1 || echo "==ERROR ncu exited with $?" >> "$out/ncu-passes-$name.txt"
+    return 0
+  fi
   ncu_one "$name" "$kernel" "$kernel" --launch-skip 1 "$cli" bench --device cuda --heads 64 \
     --heads-kv 8 --head-dim 128 --warmup 1 --repeat 1 "${direction[@]}" "$@"
   # FA4 on the masks it takes as one sequence (full, causal).
@@ -86,9 +97,16 @@ profile full-4k --mask full --seqlen 4096
 profile full-16k --mask full --seqlen 16384
 profile full-32k --mask full --seqlen 32768
 profile causal-32k --mask causal --seqlen 32768
+profile varlen-causal-32k --mask varlen-causal --seqlen 32768
 profile swa1024-32k --mask sliding-window --window 1024 --seqlen 32768 "${docs[@]}"
 profile swa4096-32k --mask sliding-window --window 4096 --seqlen 32768 "${docs[@]}"
 profile causal-1k --mask causal --seqlen 1024
+for f in "$out"/ncu-passes-*.txt; do
+  [[ -f $f ]] || continue
+  echo "== $(basename "$f")"
+  grep -E "^  [a-z].*\(|gpu__time|dram__|==ERROR|No kernels" "$f" | sed 's/  */ /g'
+done
+[[ -n ${PASSES:-} ]] && exit 0
 for f in "$out"/ncu-*.txt; do
   echo "== $(basename "$f")"
   grep -E "Duration|SM Frequency|Compute \(SM\) Throughput|L1/TEX Cache Throughput|DRAM Throughput|L2 Cache Throughput|L2 Hit Rate|Memory Throughput|Shared Memory|Issue Slots Busy|Registers Per Thread|Active Warps Per Scheduler|No Eligible|sm__pipe|sm__inst|l1tex__data|smsp__inst|==ERROR|==WARNING|No kernels" "$f" || tail -5 "$f"
