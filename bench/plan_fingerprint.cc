@@ -133,6 +133,7 @@ int main() {
                                                         .heads_kv = heads_kv,
                                                         .group = group,
                                                         .walk = std::nullopt,
+                                                        .order = std::nullopt,
                                                         .kind = std::nullopt,
                                                         .unit_heads = std::nullopt}));
   }

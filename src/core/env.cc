@@ -14,6 +14,11 @@ const std::vector<EnvVar>& env_vars() {
        "Seconds a communication wait may last before it fails with a communication error"},
       {"FLEXCP_NCCL_LIB", "libnccl.so.2",
        "The NCCL library the nccl communicator loads (a name the loader finds, or a path)"},
+      {"FLEXCP_SM90_BWD_ORDER", "auto",
+       "The order of the CUDA backward's item units, read when a plan is made: auto (the plan's "
+       "rule), kv-heads (kv head by kv head, busiest tile first in each) or across (busiest "
+       "first across the kv heads too, where that is predicted to finish sooner; to measure one "
+       "against the other)"},
       {"FLEXCP_SM90_BWD_UNITS", "auto",
        "How the CUDA backward cuts its work into units, read when a plan is made: auto (the "
        "plan's rule), items ((key tile, kv head) items, split where they are few) or heads "

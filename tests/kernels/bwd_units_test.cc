@@ -8,6 +8,7 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <functional>
 #include <map>
@@ -39,6 +40,7 @@ BwdUnitOptions options(int sms, std::int64_t heads_kv, std::int64_t group) {
           .heads_kv = heads_kv,
           .group = group,
           .walk = std::nullopt,
+          .order = std::nullopt,
           .kind = std::nullopt,
           .unit_heads = std::nullopt};
 }
@@ -119,6 +121,12 @@ void check_units(const WorkList& cols, const BwdUnitOptions& o, const BwdUnits& 
   EXPECT_LE(u.predicted, u.predicted_unsplit);
 }
 
+// Whether the units run kv head by kv head (BwdOrder::kKvHeads).
+void expect_kv_head_by_kv_head(const BwdUnits& u) {
+  for (std::size_t i = 1; i < u.units.size(); ++i)
+    ASSERT_LE(u.units[i - 1].kv_head, u.units[i].kv_head) << "unit " << i;
+}
+
 // The units for GQA 64:8 on 132 SMs (an H200), checked as above.
 struct Planned {
   WorkList cols;
@@ -154,6 +162,14 @@ TEST(BwdUnits, EveryBlockOnceOnRandomMasksAndGpuSizes) {
             EXPECT_EQ(u.kind, group > 1 ? BwdUnitKind::kHeads : BwdUnitKind::kItems);
           }
           check_units(cols, o, u);
+          if (heads == 0) {  // item units kv head by kv head, asked for (FLEXCP_SM90_BWD_ORDER)
+            o.kind = BwdUnitKind::kItems;
+            o.order = BwdOrder::kKvHeads;
+            const BwdUnits kv = plan_bwd_units(cols, o);
+            check_units(cols, o, kv);
+            EXPECT_EQ(kv.order, BwdOrder::kKvHeads);
+            expect_kv_head_by_kv_head(kv);
+          }
         }
   }
 }
@@ -378,6 +394,37 @@ TEST(BwdUnits, WalkShiftCountsEachWavesDistinctStarts) {
 
 // Causal 1K with GQA 64:8: 64 items for 132 SMs, the heaviest 8x the average share. Split, and
 // predicted at least 1.5x sooner.
+// Item units of MHA 16 over causal documents at 32K (the benchmark's real lengths, packed):
+// busiest first across the kv heads would balance the SMs better (the simulation: ~4% sooner)
+// but has the units running together touch ~7x the q blocks, every kv head's, where kv head by
+// kv head keeps them to ~2 heads' (measured 1.69x faster on an H100: 43% -> 90% L2 hits,
+// bench/results/h100-2026-12-06.md section 18). Causal 4K, whose across order touches ~2x
+// (measured 12% faster than kv head by kv head), keeps it. Either order is taken when asked for.
+TEST(BwdUnits, ItemUnitsCrossKvHeadsOnlyWhereTheirBlocksStayFew) {
+  const masks::Lengths docs = {8192, 5336, 1846, 8004, 7799, 1497, 94};
+  const WorkList documents = key_tiles(masks::varlen_causal(docs));
+  BwdUnitOptions o = options(132, 16, 1);
+  const BwdUnits kv = plan_bwd_units(documents, o);
+  check_units(documents, o, kv);
+  EXPECT_EQ(kv.kind, BwdUnitKind::kItems);
+  EXPECT_EQ(kv.order, BwdOrder::kKvHeads);
+  expect_kv_head_by_kv_head(kv);
+  o.order = BwdOrder::kAcrossKvHeads;
+  const BwdUnits across = plan_bwd_units(documents, o);
+  check_units(documents, o, across);
+  EXPECT_EQ(across.order, BwdOrder::kAcrossKvHeads);
+  EXPECT_LT(across.predicted, kv.predicted);  // what across would have been taken for
+  EXPECT_NE(across.units[0].kv_head, across.units[1].kv_head);
+
+  const WorkList causal = key_tiles(masks::causal(4096, 4096));
+  o.order.reset();
+  const BwdUnits short_causal = plan_bwd_units(causal, o);
+  check_units(causal, o, short_causal);
+  EXPECT_EQ(short_causal.order, BwdOrder::kAcrossKvHeads);
+  o.order = BwdOrder::kKvHeads;
+  expect_kv_head_by_kv_head(plan_bwd_units(causal, o));
+}
+
 TEST(BwdUnits, ShortCausalIsSplit) {
   const auto [cols, u] = planned_on_h200(masks::causal(1024, 1024));
   EXPECT_GT(u.counters, 0);

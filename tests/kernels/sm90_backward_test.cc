@@ -229,6 +229,9 @@ struct WalkFromEnv : ScopedEnv {
 struct UnitsFromEnv : ScopedEnv {
   explicit UnitsFromEnv(const char* value) : ScopedEnv("FLEXCP_SM90_BWD_UNITS", value) {}
 };
+struct OrderFromEnv : ScopedEnv {
+  explicit OrderFromEnv(const char* value) : ScopedEnv("FLEXCP_SM90_BWD_ORDER", value) {}
+};
 struct UnitHeadsFromEnv : ScopedEnv {
   explicit UnitHeadsFromEnv(const char* value) : ScopedEnv("FLEXCP_SM90_BWD_UNIT_HEADS", value) {}
 };
@@ -275,6 +278,27 @@ TEST(Sm90Backward, WalkFromTheEnvironment) {
   const WalkFromEnv env("sideways");
   expect_invalid_plan(
       mask, shape, "FLEXCP_SM90_BWD_WALK is 'sideways', expected auto, heads-outer or from-last");
+}
+
+// The plan reads FLEXCP_SM90_BWD_ORDER when it is made (no GPU needed): MHA 16 over causal
+// documents at 32K takes its item units kv head by kv head by the plan's rule (where the SMs are
+// the lent GPUs' 132; bwd_units_test.cc has the rule), and either order when asked for; anything
+// else is an error that names the variable and what it takes.
+TEST(Sm90Backward, OrderFromTheEnvironment) {
+  const AttentionShape shape{32768, 32768, 16, 16, 128, DType::kBFloat16, Device::kCuda, 0};
+  const Mask mask = masks::varlen_causal({8192, 5336, 1846, 8004, 7799, 1497, 94});
+  for (const auto& [value, want] :
+       {std::pair{"kv-heads", BwdOrder::kKvHeads}, {"across", BwdOrder::kAcrossKvHeads}}) {
+    const OrderFromEnv env(value);
+    EXPECT_EQ(AttentionPlan(mask, shape).impl().bwd_units.order, want) << value;
+  }
+  if (sm90::planned_multiprocessors(0) == 132) {
+    const OrderFromEnv env("auto");
+    EXPECT_EQ(AttentionPlan(mask, shape).impl().bwd_units.order, BwdOrder::kKvHeads);
+  }
+  const OrderFromEnv env("sideways");
+  expect_invalid_plan(mask, shape,
+                      "FLEXCP_SM90_BWD_ORDER is 'sideways', expected auto, kv-heads or across");
 }
 
 // The plan reads FLEXCP_SM90_BWD_UNITS when it is made (no GPU needed): auto is the plan's rule

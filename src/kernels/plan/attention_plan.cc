@@ -202,6 +202,9 @@ AttentionPlan make_attention_plan(const std::vector<Band>& work, const Attention
            .walk = choice_from_env<BwdWalk>(c, "FLEXCP_SM90_BWD_WALK",
                                             {{"heads-outer", BwdWalk::kHeadsOuter},
                                              {"from-last", BwdWalk::kHeadsInnerFromLast}}),
+           .order = choice_from_env<BwdOrder>(
+               c, "FLEXCP_SM90_BWD_ORDER",
+               {{"kv-heads", BwdOrder::kKvHeads}, {"across", BwdOrder::kAcrossKvHeads}}),
            .kind = choice_from_env<BwdUnitKind>(
                c, "FLEXCP_SM90_BWD_UNITS",
                {{"items", BwdUnitKind::kItems}, {"heads", BwdUnitKind::kHeads}}),

@@ -62,6 +62,17 @@ constexpr double kMinHeadUnitBlocks = 16;
 // units of four by this rule, not measured.
 constexpr double kMinShift = 0.9;
 constexpr double kMinShiftedUnitBlocks = 40;
+// Busiest first across kv heads is considered only where the units running together would touch
+// at most this many times the q blocks that kv head by kv head order has them touch
+// (wave_q_blocks). Measured on an H100 (bench/results/h100-2026-12-06.md section 18), kv head by
+// kv head against across, both forced: MHA 16 causal documents and a shared question at 32K
+// (7.0x and 6.8x as many blocks) +69% and +49% (across ran the main kernel at 43% L2 hits and
+// 70% of DRAM's peak); from 1.3x to 2.6x mixed: GQA 64:8 prefix-LM 32K +7%, MHA 16 causal
+// documents 4K +9%, but MHA 16 causal and a shared question at 4K -12% and -9%, GQA 64:8 full
+// documents 8K and 32K -8% and -5% (where balance gains more than L2 loses). Between 2.6x and
+// 6.8x nothing is measured yet (MHA 16 at 8K and 16K: causal, causal documents, windows of 2048
+// and 4096, a shared question, 3.3x-4.5x): those keep the order they had before the rule.
+constexpr double kMaxAcrossSpread = 5;
 // Partial slots per SM at most (128 KB each at head dim 128): bounds the scratch.
 constexpr std::int64_t kMaxSlotsPerSm = 4;
 // Splits tried: the items cut to at most avg / d blocks, avg = the work per SM.
@@ -285,6 +296,39 @@ BwdUnits head_units(const WorkList& cols, const std::vector<std::int64_t>& block
   return u;
 }
 
+// The q blocks (of all q heads) that the items running together touch, on average over windows
+// of `sms` consecutive items of `order`: per window, the union of each kv head's tiles' q block
+// runs, times the group.
+double wave_q_blocks(const WorkList& cols, const std::vector<Item>& order,
+                     const BwdUnitOptions& o) {
+  std::vector<std::pair<std::int64_t, std::int64_t>> runs;  // (kv head's first block, end)
+  const auto sms = static_cast<std::size_t>(std::max(o.sms, 1));
+  const std::int64_t per_head = (cols.num_cols + o.block_rows - 1) / o.block_rows + 1;
+  double sum = 0;
+  std::size_t windows = 0;
+  for (std::size_t w = 0; w < order.size(); w += sms, ++windows) {
+    runs.clear();
+    for (std::size_t i = w; i < std::min(order.size(), w + sms); ++i) {
+      const Item& it = order[i];
+      const std::int64_t base = it.kv_head * per_head;  // kv heads' blocks apart
+      for (std::int64_t e = cols.tile_offsets[it.tile]; e < cols.tile_offsets[it.tile + 1]; ++e) {
+        const WorkEntry& entry = cols.entries[e];
+        if (entry.end > entry.begin)
+          runs.emplace_back(base + entry.begin / o.block_rows,
+                            base + (entry.end + o.block_rows - 1) / o.block_rows);
+      }
+    }
+    std::sort(runs.begin(), runs.end());
+    std::int64_t blocks = 0, end = std::numeric_limits<std::int64_t>::min();
+    for (const auto& [first, last] : runs) {
+      blocks += std::max<std::int64_t>(0, last - std::max(first, end));
+      end = std::max(end, last);
+    }
+    sum += double(blocks * o.group);
+  }
+  return windows > 0 ? sum / double(windows) : 0.0;
+}
+
 }  // namespace
 
 std::int64_t bwd_item_blocks(const WorkList& cols, std::int64_t tile, const BwdUnitOptions& o) {
@@ -433,13 +477,18 @@ BwdUnits plan_bwd_units(const WorkList& cols, const BwdUnitOptions& o) {
       chosen_order = &order;
       chosen_target = target;
     };
-    consider(busiest_first, kNoSplit);
+    const bool across = o.order ? *o.order == BwdOrder::kAcrossKvHeads
+                                : wave_q_blocks(cols, busiest_first, o) <=
+                                      kMaxAcrossSpread * wave_q_blocks(cols, items, o);
+    if (across) consider(busiest_first, kNoSplit);
     for (const std::vector<Item>* order : {&items, &busiest_first})
-      for (const double d : kTargetDivisors) consider(*order, per_sm / d);
+      if (order == &items || across)
+        for (const double d : kTargetDivisors) consider(*order, per_sm / d);
     if (best_predicted >= unsplit * (1 - kMinGain)) chosen_order = &items, chosen_target = kNoSplit;
   }
   BwdUnits best = cut(*chosen_order, chosen_target, o.sms);
   best.predicted_unsplit = unsplit;
+  best.order = chosen_order == &items ? BwdOrder::kKvHeads : BwdOrder::kAcrossKvHeads;
   // Past the first waves, units start one by one as SMs free up, out of step (BwdWalk).
   if (o.walk || best.units.size() > static_cast<std::size_t>(kInnerWalkWaves) * o.sms)
     for (BwdUnit& unit : best.units) unit.walk = o.walk.value_or(BwdWalk::kHeadsOuter);
