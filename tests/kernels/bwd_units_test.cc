@@ -392,8 +392,6 @@ TEST(BwdUnits, WalkShiftCountsEachWavesDistinctStarts) {
                    2.0 / 256);
 }
 
-// Causal 1K with GQA 64:8: 64 items for 132 SMs, the heaviest 8x the average share. Split, and
-// predicted at least 1.5x sooner.
 // Item units of MHA 16 over causal documents at 32K (the benchmark's real lengths, packed):
 // busiest first across the kv heads would balance the SMs better (the simulation: ~4% sooner)
 // but has the units running together touch ~7x the q blocks, every kv head's, where kv head by
@@ -425,6 +423,8 @@ TEST(BwdUnits, ItemUnitsCrossKvHeadsOnlyWhereTheirBlocksStayFew) {
   expect_kv_head_by_kv_head(plan_bwd_units(causal, o));
 }
 
+// Causal 1K with GQA 64:8: 64 items for 132 SMs, the heaviest 8x the average share. Split, and
+// predicted at least 1.5x sooner.
 TEST(BwdUnits, ShortCausalIsSplit) {
   const auto [cols, u] = planned_on_h200(masks::causal(1024, 1024));
   EXPECT_GT(u.counters, 0);
