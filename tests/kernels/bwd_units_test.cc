@@ -16,34 +16,22 @@
 #include <random>
 #include <set>
 #include <stdexcept>
+#include <string>
 #include <tuple>
 #include <utility>
 #include <vector>
 
+#include "bwd_plan_test_util.h"
 #include "kernels/tiles.h"
+#include "kernels/worklist/bwd_l2.h"
 #include "kernels/worklist/bwd_walk.h"
 #include "test_util.h"
 
 namespace flexcp {
 namespace {
 
-WorkList key_tiles(const Mask& mask) {
-  return build_work_list(mask_bands(mask), mask.seqlen_q(), mask.seqlen_k(),
-                         {.order = WorkListOrder::kColumnMajor,
-                          .tile_rows = tiles::kSm90BwdBlockN,
-                          .block_cols = tiles::kSm90BwdBlockM});
-}
-
-BwdUnitOptions options(int sms, std::int64_t heads_kv, std::int64_t group) {
-  return {.sms = sms,
-          .block_rows = tiles::kSm90BwdBlockM,
-          .heads_kv = heads_kv,
-          .group = group,
-          .walk = std::nullopt,
-          .order = std::nullopt,
-          .kind = std::nullopt,
-          .unit_heads = std::nullopt};
-}
+using test::bwd_options;
+using test::key_tiles;
 
 // Chained units (BwdPartials::kChain) on each counter, in the scheduler's order: the first waits
 // for 0 (the counter at launch), each next for what the one before left, and the last leaves 0
@@ -134,7 +122,7 @@ struct Planned {
 };
 Planned planned_on_h200(const Mask& mask) {
   Planned p{key_tiles(mask), {}};
-  const BwdUnitOptions o = options(132, 8, 8);
+  const BwdUnitOptions o = bwd_options(132, 8, 8);
   p.u = plan_bwd_units(p.cols, o);
   check_units(p.cols, o, p.u);
   return p;
@@ -155,7 +143,7 @@ TEST(BwdUnits, EveryBlockOnceOnRandomMasksAndGpuSizes) {
           SCOPED_TRACE("t=" + std::to_string(t) + " sms=" + std::to_string(sms) +
                        " hk=" + std::to_string(hk) + " group=" + std::to_string(group) +
                        " head units of " + std::to_string(heads));
-          BwdUnitOptions o = options(sms, hk, group);
+          BwdUnitOptions o = bwd_options(sms, hk, group);
           if (heads) o.kind = BwdUnitKind::kHeads, o.unit_heads = heads;
           const BwdUnits u = plan_bwd_units(cols, o);
           if (heads) {
@@ -190,7 +178,7 @@ TEST(BwdUnits, LongCausalGetsHeadUnitsInSweeps) {
     ASSERT_EQ(unit.kv_head * splits + unit.split, static_cast<std::int64_t>(sweep)) << "unit " << i;
     ASSERT_EQ(unit.splits, splits) << "unit " << i;
     ASSERT_EQ(unit.tile, cols.tile_order[i % n]) << "unit " << i;
-    const std::int64_t per_head = bwd_item_blocks(cols, unit.tile, options(132, 8, 8)) / 8;
+    const std::int64_t per_head = bwd_item_blocks(cols, unit.tile, bwd_options(132, 8, 8)) / 8;
     ASSERT_EQ(unit.block_begin, unit.split * kHeadsPerUnit * per_head) << "unit " << i;
     ASSERT_EQ(unit.block_end - unit.block_begin, kHeadsPerUnit * per_head) << "unit " << i;
     ASSERT_EQ(unit.walk, BwdWalk::kHeadsOuter);
@@ -201,7 +189,7 @@ TEST(BwdUnits, LongCausalGetsHeadUnitsInSweeps) {
 // in order; of the whole group: the items in sweeps, nothing chained.
 TEST(BwdUnits, HeadUnitsTakeTheQHeadsAskedFor) {
   const WorkList cols = key_tiles(masks::causal(32768, 32768));
-  BwdUnitOptions o = options(132, 8, 8);
+  BwdUnitOptions o = bwd_options(132, 8, 8);
   o.kind = BwdUnitKind::kHeads;
   o.unit_heads = 1;
   const BwdUnits singles = plan_bwd_units(cols, o);
@@ -284,7 +272,7 @@ TEST(BwdUnits, ItemUnitsWhereItemsKeepInStepOrAreFewOrShort) {
     EXPECT_EQ(u.kind, BwdUnitKind::kItems) << cols.num_tiles() << " tiles";
   }
   const WorkList cols = key_tiles(masks::causal(32768, 32768));
-  EXPECT_EQ(plan_bwd_units(cols, options(132, 64, 1)).kind, BwdUnitKind::kItems);
+  EXPECT_EQ(plan_bwd_units(cols, bwd_options(132, 64, 1)).kind, BwdUnitKind::kItems);
 }
 
 // The q heads of each of `u`'s head units: the group over the units of its first item.
@@ -304,7 +292,7 @@ std::int64_t heads_per_unit(const BwdUnits& u, std::int64_t group) {
 TEST(BwdUnits, FewItemsTakeHeadUnitsOnlyOnSlowMemory) {
   const auto planned = [](const Mask& mask, double gbs) {
     const WorkList cols = key_tiles(mask);
-    BwdUnitOptions o = options(132, 8, 8);
+    BwdUnitOptions o = bwd_options(132, 8, 8);
     o.memory_gbs_per_sm = gbs;
     BwdUnits u = plan_bwd_units(cols, o);
     check_units(cols, o, u);
@@ -364,7 +352,7 @@ TEST(BwdUnits, WalkShiftCountsEachWavesDistinctStarts) {
     const std::int64_t t = 1 + static_cast<std::int64_t>(rng() % 5000);
     const WorkList cols = key_tiles(test::random_mask(rng, t, t));
     for (const int sms : {1, 3, 132}) {
-      const BwdUnitOptions o = options(sms, 2, 4);
+      const BwdUnitOptions o = bwd_options(sms, 2, 4);
       std::vector<std::int64_t> firsts;
       for (const std::int32_t tile : cols.tile_order) {
         std::set<std::int64_t> blocks;
@@ -386,33 +374,42 @@ TEST(BwdUnits, WalkShiftCountsEachWavesDistinctStarts) {
   }
   EXPECT_EQ(
       bwd_walk_shift(key_tiles(masks::sliding_window({32768}, 2048, masks::WindowKind::kCausal)),
-                     options(132, 8, 8)),
+                     bwd_options(132, 8, 8)),
       1.0);
-  EXPECT_DOUBLE_EQ(bwd_walk_shift(key_tiles(masks::full(32768, 32768)), options(132, 8, 8)),
+  EXPECT_DOUBLE_EQ(bwd_walk_shift(key_tiles(masks::full(32768, 32768)), bwd_options(132, 8, 8)),
                    2.0 / 256);
 }
 
-// Item units of MHA 16 over causal documents at 32K (the benchmark's real lengths, packed):
-// busiest first across the kv heads would balance the SMs better (the simulation: ~4% sooner)
-// but has the units running together touch ~7x the q blocks, every kv head's, where kv head by
-// kv head keeps them to ~2 heads' (measured 1.69x faster on an H100: 43% -> 90% L2 hits,
-// bench/results/h100-2026-12-06.md section 18). Causal 4K, whose across order touches ~2x
-// (measured 12% faster than kv head by kv head), keeps it. Either order is taken when asked for.
-TEST(BwdUnits, ItemUnitsCrossKvHeadsOnlyWhereTheirBlocksStayFew) {
+// Item units busiest first across the kv heads balance the SMs better, but may have the units
+// running together read too many q blocks for L2 (bwd_l2.h); the plan weighs both. MHA 16 over
+// causal documents at 32K (the benchmark's real lengths, packed): across would finish ~4% sooner
+// in the simulation but miss 46% of its q blocks against 4% kv head by kv head (measured 1.69x
+// faster on an H100, bench/results/h100-2026-12-06.md section 18); at 8K, 48% against 12% (1.24x,
+// section 20), which the rule before the model left across. Causal 4K (10% against 6%, across
+// measured 1.14x faster) and GQA 64:8 full documents at 32K (5.5% against 10%, 1.05x) keep
+// across. Either order is taken when asked for.
+TEST(BwdUnits, ItemUnitsCrossKvHeadsOnlyWhereL2KeepsTheirBlocks) {
   const masks::Lengths docs = {8192, 5336, 1846, 8004, 7799, 1497, 94};
-  const WorkList documents = key_tiles(masks::varlen_causal(docs));
-  BwdUnitOptions o = options(132, 16, 1);
-  const BwdUnits kv = plan_bwd_units(documents, o);
-  check_units(documents, o, kv);
-  EXPECT_EQ(kv.kind, BwdUnitKind::kItems);
-  EXPECT_EQ(kv.order, BwdOrder::kKvHeads);
-  expect_kv_head_by_kv_head(kv);
-  o.order = BwdOrder::kAcrossKvHeads;
-  const BwdUnits across = plan_bwd_units(documents, o);
-  check_units(documents, o, across);
-  EXPECT_EQ(across.order, BwdOrder::kAcrossKvHeads);
-  EXPECT_LT(across.predicted, kv.predicted);  // what across would have been taken for
-  EXPECT_NE(across.units[0].kv_head, across.units[1].kv_head);
+  BwdUnitOptions o = bwd_options(132, 16, 1);
+  for (const auto& [name, lengths] :
+       {std::pair{"32K", docs}, {"8K", {2048, 2048, 1846, 2048, 202}}}) {
+    SCOPED_TRACE(std::string("causal documents ") + name);
+    const WorkList documents = key_tiles(masks::varlen_causal(lengths));
+    o.order.reset();
+    const BwdUnits kv = plan_bwd_units(documents, o);
+    check_units(documents, o, kv);
+    EXPECT_EQ(kv.kind, BwdUnitKind::kItems);
+    EXPECT_EQ(kv.order, BwdOrder::kKvHeads);
+    expect_kv_head_by_kv_head(kv);
+    o.order = BwdOrder::kAcrossKvHeads;
+    const BwdUnits across = plan_bwd_units(documents, o);
+    check_units(documents, o, across);
+    EXPECT_EQ(across.order, BwdOrder::kAcrossKvHeads);
+    EXPECT_LT(across.predicted, kv.predicted);  // what across would have been taken for
+    EXPECT_NE(across.units[0].kv_head, across.units[1].kv_head);
+    EXPECT_GT(bwd_l2_miss_rate(documents, across.units, o),
+              3 * bwd_l2_miss_rate(documents, kv.units, o));
+  }
 
   const WorkList causal = key_tiles(masks::causal(4096, 4096));
   o.order.reset();
@@ -421,6 +418,13 @@ TEST(BwdUnits, ItemUnitsCrossKvHeadsOnlyWhereTheirBlocksStayFew) {
   EXPECT_EQ(short_causal.order, BwdOrder::kAcrossKvHeads);
   o.order = BwdOrder::kKvHeads;
   expect_kv_head_by_kv_head(plan_bwd_units(causal, o));
+
+  const WorkList full_documents = key_tiles(masks::varlen_full(docs));
+  const BwdUnitOptions gqa = bwd_options(132, 8, 8);
+  const BwdUnits balanced = plan_bwd_units(full_documents, gqa);
+  check_units(full_documents, gqa, balanced);
+  EXPECT_EQ(balanced.kind, BwdUnitKind::kItems);
+  EXPECT_EQ(balanced.order, BwdOrder::kAcrossKvHeads);
 }
 
 // Causal 1K with GQA 64:8: 64 items for 132 SMs, the heaviest 8x the average share. Split, and
@@ -480,7 +484,7 @@ TEST(BwdWalkDrift, MatchesItsDefinitionOnRandomMasks) {
     const std::int64_t t = 1 + static_cast<std::int64_t>(rng() % 2500);
     const WorkList cols = key_tiles(test::random_mask(rng, t, t));
     const double expected = drift_by_definition(cols, tiles::kSm90BwdBlockM);
-    EXPECT_NEAR(bwd_walk_drift(cols, options(132, 2, 3)), expected, 1e-9 * (1 + expected))
+    EXPECT_NEAR(bwd_walk_drift(cols, bwd_options(132, 2, 3)), expected, 1e-9 * (1 + expected))
         << "t=" << t << " iteration " << iter;
   }
 }
@@ -489,11 +493,11 @@ TEST(BwdWalkDrift, MatchesItsDefinitionOnRandomMasks) {
 // x / sqrt(12) about 1 - x / 2, so drift^2 = (1/48) / (11/48) = 1/11. Walks as long as every
 // walk they share blocks with: none (full; documents aligned to the tiles).
 TEST(BwdWalkDrift, CausalDriftsOneInSqrtElevenFullNot) {
-  EXPECT_NEAR(bwd_walk_drift(key_tiles(masks::causal(32768, 32768)), options(132, 8, 8)),
+  EXPECT_NEAR(bwd_walk_drift(key_tiles(masks::causal(32768, 32768)), bwd_options(132, 8, 8)),
               1 / std::sqrt(11.0), 0.005);
-  EXPECT_EQ(bwd_walk_drift(key_tiles(masks::full(4096, 4096)), options(132, 8, 8)), 0.0);
+  EXPECT_EQ(bwd_walk_drift(key_tiles(masks::full(4096, 4096)), bwd_options(132, 8, 8)), 0.0);
   EXPECT_EQ(
-      bwd_walk_drift(key_tiles(masks::varlen_full({1024, 256, 4096, 128})), options(132, 8, 8)),
+      bwd_walk_drift(key_tiles(masks::varlen_full({1024, 256, 4096, 128})), bwd_options(132, 8, 8)),
       0.0);
 }
 
@@ -544,7 +548,7 @@ TEST(BwdWalk, UnitsWalkTheirPartOfTheDefinedOrder) {
     const Mask mask = test::random_mask(rng, t, t);
     const WorkList cols = key_tiles(mask);
     for (const int group : {1, 3, 8}) {
-      BwdUnitOptions o = options(static_cast<int>(1 + rng() % 200), 2, group);
+      BwdUnitOptions o = bwd_options(static_cast<int>(1 + rng() % 200), 2, group);
       if (iter % 2) o.kind = BwdUnitKind::kHeads;  // an item's head units in split order too
       const BwdUnits u = plan_bwd_units(cols, o);
       for (const BwdWalk walk : {BwdWalk::kHeadsOuter, BwdWalk::kHeadsInnerFromLast}) {
@@ -600,12 +604,12 @@ TEST(BwdWalk, TilesThatEndTogetherWalkFromTheLast) {
         << "tile " << t;
 }
 
-// The plans walk from the last block where their units fit in two waves on the SMs (causal 4K:
-// 256 units on 132 SMs), and head by head where they do not (causal 32K: 2048).
+// The plans walk from the last block where their units fit in two waves on the SMs (full 4K:
+// 256 units on 132 SMs), and head by head where they do not (full 32K: 2048).
 TEST(BwdWalk, OnlyPlansOfTwoWavesWalkFromTheLast) {
   for (const auto& [t, want] :
        {std::pair{4096, BwdWalk::kHeadsInnerFromLast}, {32768, BwdWalk::kHeadsOuter}}) {
-    const auto [cols, u] = planned_on_h200(masks::causal(t, t));
+    const auto [cols, u] = planned_on_h200(masks::full(t, t));
     EXPECT_EQ(u.units.size() <= 2 * 132, want == BwdWalk::kHeadsInnerFromLast);
     for (const BwdUnit& unit : u.units) EXPECT_EQ(unit.walk, want) << "t=" << t;
   }
@@ -616,7 +620,7 @@ TEST(BwdWalk, AWalkInTheOptionsIsEveryUnits) {
   for (const std::int64_t t : {1024, 32768})
     for (const BwdWalk walk : {BwdWalk::kHeadsOuter, BwdWalk::kHeadsInnerFromLast}) {
       const WorkList cols = key_tiles(masks::causal(t, t));
-      BwdUnitOptions o = options(132, 8, 8);
+      BwdUnitOptions o = bwd_options(132, 8, 8);
       o.walk = walk;
       const BwdUnits u = plan_bwd_units(cols, o);
       check_units(cols, o, u);
@@ -631,7 +635,7 @@ TEST(BwdUnits, AnItemTooLongForTheKernelIsAnError) {
   cols.entries = {{0, std::int64_t{1} << 37, 0, EntryMask::kNone}};
   cols.tile_area = {1};
   cols.tile_order = {0};
-  EXPECT_THROW(plan_bwd_units(cols, options(132, 1, 1)), std::length_error);
+  EXPECT_THROW(plan_bwd_units(cols, bwd_options(132, 1, 1)), std::length_error);
 }
 
 }  // namespace

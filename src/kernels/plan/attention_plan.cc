@@ -199,6 +199,7 @@ AttentionPlan make_attention_plan(const std::vector<Band>& work, const Attention
            .block_rows = tiles::kSm90BwdBlockM,
            .heads_kv = shape.heads_kv,
            .group = shape.group(),
+           .head_dim = shape.head_dim,
            .walk = choice_from_env<BwdWalk>(c, "FLEXCP_SM90_BWD_WALK",
                                             {{"heads-outer", BwdWalk::kHeadsOuter},
                                              {"from-last", BwdWalk::kHeadsInnerFromLast}}),

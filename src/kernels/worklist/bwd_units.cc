@@ -6,10 +6,13 @@
 #include <cstdint>
 #include <functional>
 #include <limits>
+#include <optional>
 #include <stdexcept>
 #include <string>
 #include <utility>
 #include <vector>
+
+#include "kernels/worklist/bwd_l2.h"
 
 namespace flexcp {
 namespace {
@@ -62,17 +65,26 @@ constexpr double kMinHeadUnitBlocks = 16;
 // units of four by this rule, not measured.
 constexpr double kMinShift = 0.9;
 constexpr double kMinShiftedUnitBlocks = 40;
-// Busiest first across kv heads is considered only where the units running together would touch
-// at most this many times the q blocks that kv head by kv head order has them touch
-// (wave_q_blocks). Measured on an H100 (bench/results/h100-2026-12-06.md section 18), kv head by
-// kv head against across, both forced: MHA 16 causal documents and a shared question at 32K
-// (7.0x and 6.8x as many blocks) +69% and +49% (across ran the main kernel at 43% L2 hits and
-// 70% of DRAM's peak); from 1.3x to 2.6x mixed: GQA 64:8 prefix-LM 32K +7%, MHA 16 causal
-// documents 4K +9%, but MHA 16 causal and a shared question at 4K -12% and -9%, GQA 64:8 full
-// documents 8K and 32K -8% and -5% (where balance gains more than L2 loses). Between 2.6x and
-// 6.8x nothing is measured yet (MHA 16 at 8K and 16K: causal, causal documents, windows of 2048
-// and 4096, a shared question, 3.3x-4.5x): those keep the order they had before the rule.
-constexpr double kMaxAcrossSpread = 5;
+// Busiest first across kv heads balances the SMs better than kv head by kv head, but the units
+// running together may then read so many q blocks that L2 loses them between one tile's visit and
+// the next's. So where the simulation finds across sooner, the plan costs in each order's misses
+// (bwd_l2.h): its finish time times (1 + kMissCost x the model's miss rate), a miss costing about
+// two visits' time on an H100 (25 GB/s of HBM per SM; a device with more pays less per miss), and
+// keeps across unless that makes it kMaxAcrossLoss later than kv head by kv head: the simulation
+// sees neither L2 nor all a split costs (GQA 64:8 at 1K, kv head by kv head cut into 384 units
+// and across into 160, both predicted to finish together, measured across 15% faster). Fitted to
+// 35 A/B runs of the two orders, forced, on an H100 (bench/results/h100-2026-12-06.md sections 18
+// and 20): it picks the faster of each but MHA 16 causal documents 4K (misses 22% against 38%,
+// kv head by kv head 1.09x faster, taken across), among them MHA 16 causal documents at 32K (4%
+// against 46%, kv head by kv head 1.69x), at 16K (7% against 46%, 1.38x), GQA 64:8 prefix-LM 32K
+// (11% against 20%, 1.11x), GQA 64:8 item units at 2K-4K (the H200's kind there; 1.02-1.31x) and,
+// the other way, MHA 16 causal 4K and 8K (6% against 10%, 3% against 12%: across 1.14x and
+// 1.03x), MHA 16 full documents and block-causal at 8K-16K (across 1.02-1.05x) and GQA 64:8 full
+// documents 32K (10% against 5%, across 1.05x). The nearest to the line: GQA 64:8 at 1K and
+// prefix-LM 32K, within 1%.
+constexpr double kMissCost = 2.0;
+constexpr double kMissCostMemoryGbsPerSm = 25;
+constexpr double kMaxAcrossLoss = 1.08;
 // Partial slots per SM at most (128 KB each at head dim 128): bounds the scratch.
 constexpr std::int64_t kMaxSlotsPerSm = 4;
 // Splits tried: the items cut to at most avg / d blocks, avg = the work per SM.
@@ -296,39 +308,6 @@ BwdUnits head_units(const WorkList& cols, const std::vector<std::int64_t>& block
   return u;
 }
 
-// The q blocks (of all q heads) that the items running together touch, on average over windows
-// of `sms` consecutive items of `order`: per window, the union of each kv head's tiles' q block
-// runs, times the group.
-double wave_q_blocks(const WorkList& cols, const std::vector<Item>& order,
-                     const BwdUnitOptions& o) {
-  std::vector<std::pair<std::int64_t, std::int64_t>> runs;  // (kv head's first block, end)
-  const auto sms = static_cast<std::size_t>(std::max(o.sms, 1));
-  const std::int64_t per_head = (cols.num_cols + o.block_rows - 1) / o.block_rows + 1;
-  double sum = 0;
-  std::size_t windows = 0;
-  for (std::size_t w = 0; w < order.size(); w += sms, ++windows) {
-    runs.clear();
-    for (std::size_t i = w; i < std::min(order.size(), w + sms); ++i) {
-      const Item& it = order[i];
-      const std::int64_t base = it.kv_head * per_head;  // kv heads' blocks apart
-      for (std::int64_t e = cols.tile_offsets[it.tile]; e < cols.tile_offsets[it.tile + 1]; ++e) {
-        const WorkEntry& entry = cols.entries[e];
-        if (entry.end > entry.begin)
-          runs.emplace_back(base + entry.begin / o.block_rows,
-                            base + (entry.end + o.block_rows - 1) / o.block_rows);
-      }
-    }
-    std::sort(runs.begin(), runs.end());
-    std::int64_t blocks = 0, end = std::numeric_limits<std::int64_t>::min();
-    for (const auto& [first, last] : runs) {
-      blocks += std::max<std::int64_t>(0, last - std::max(first, end));
-      end = std::max(end, last);
-    }
-    sum += double(blocks * o.group);
-  }
-  return windows > 0 ? sum / double(windows) : 0.0;
-}
-
 }  // namespace
 
 std::int64_t bwd_item_blocks(const WorkList& cols, std::int64_t tile, const BwdUnitOptions& o) {
@@ -461,37 +440,58 @@ BwdUnits plan_bwd_units(const WorkList& cols, const BwdUnitOptions& o) {
     h.predicted_unsplit = unsplit;
     return h;
   }
-  const std::vector<Item>* chosen_order = &items;  // unsplit, unless the search finds better
-  double chosen_target = kNoSplit;
+  // The best cut of each order: kv head by kv head (unsplit unless a split is predicted
+  // kMinGain sooner), and busiest first across the kv heads where it is predicted sooner still.
+  struct Choice {
+    const std::vector<Item>* order;
+    double target, predicted;
+  };
+  Choice kv{&items, kNoSplit, unsplit};
+  std::optional<Choice> across;
   std::vector<Item> busiest_first;
   if (o.sms > 1 && !items.empty()) {
-    busiest_first = items;
-    std::stable_sort(busiest_first.begin(), busiest_first.end(),
-                     [](const Item& a, const Item& b) { return a.blocks > b.blocks; });
     const double per_sm = work / o.sms;
-    double best_predicted = unsplit;
-    auto consider = [&](const std::vector<Item>& order, double target) {
-      const CutCost c = cut_cost(order, target, o.sms, best_predicted, scratch);
-      if (c.slots > kMaxSlotsPerSm * o.sms || c.predicted >= best_predicted) return;
-      best_predicted = c.predicted;
-      chosen_order = &order;
-      chosen_target = target;
+    const auto consider = [&](const std::vector<Item>& order, double target, double bound,
+                              std::optional<Choice>& best) {
+      const CutCost c = cut_cost(order, target, o.sms, best ? best->predicted : bound, scratch);
+      if (c.slots <= kMaxSlotsPerSm * o.sms && c.predicted < (best ? best->predicted : bound))
+        best = Choice{&order, target, c.predicted};
     };
-    const bool across = o.order ? *o.order == BwdOrder::kAcrossKvHeads
-                                : wave_q_blocks(cols, busiest_first, o) <=
-                                      kMaxAcrossSpread * wave_q_blocks(cols, items, o);
-    if (across) consider(busiest_first, kNoSplit);
-    for (const std::vector<Item>* order : {&items, &busiest_first})
-      if (order == &items || across)
-        for (const double d : kTargetDivisors) consider(*order, per_sm / d);
-    if (best_predicted >= unsplit * (1 - kMinGain)) chosen_order = &items, chosen_target = kNoSplit;
+    std::optional<Choice> split;
+    for (const double d : kTargetDivisors) consider(items, per_sm / d, unsplit, split);
+    if (split && split->predicted < unsplit * (1 - kMinGain)) kv = *split;
+    if (o.order != BwdOrder::kKvHeads) {
+      busiest_first = items;
+      std::stable_sort(busiest_first.begin(), busiest_first.end(),
+                       [](const Item& a, const Item& b) { return a.blocks > b.blocks; });
+      const double bound = std::min(kv.predicted, unsplit * (1 - kMinGain));
+      consider(busiest_first, kNoSplit, bound, across);
+      for (const double d : kTargetDivisors) consider(busiest_first, per_sm / d, bound, across);
+    }
   }
-  BwdUnits best = cut(*chosen_order, chosen_target, o.sms);
-  best.predicted_unsplit = unsplit;
-  best.order = chosen_order == &items ? BwdOrder::kKvHeads : BwdOrder::kAcrossKvHeads;
-  // Past the first waves, units start one by one as SMs free up, out of step (BwdWalk).
-  if (o.walk || best.units.size() > static_cast<std::size_t>(kInnerWalkWaves) * o.sms)
-    for (BwdUnit& unit : best.units) unit.walk = o.walk.value_or(BwdWalk::kHeadsOuter);
+  const auto make = [&](const Choice& c) {
+    BwdUnits u = cut(*c.order, c.target, o.sms);
+    u.predicted_unsplit = unsplit;
+    u.order = c.order == &items ? BwdOrder::kKvHeads : BwdOrder::kAcrossKvHeads;
+    // Past the first waves, units start one by one as SMs free up, out of step (BwdWalk).
+    if (o.walk || u.units.size() > static_cast<std::size_t>(kInnerWalkWaves) * o.sms)
+      for (BwdUnit& unit : u.units) unit.walk = o.walk.value_or(BwdWalk::kHeadsOuter);
+    return u;
+  };
+  BwdUnits best = make(kv);
+  if (across) {
+    BwdUnits a = make(*across);
+    // Asked for, the order across is taken where it is predicted sooner; else unless the L2
+    // model's misses of each order's q blocks, costed in, make it kMaxAcrossLoss later.
+    const double cost =
+        kMissCost * (o.memory_gbs_per_sm > 0 ? kMissCostMemoryGbsPerSm / o.memory_gbs_per_sm : 1.0);
+    const BwdL2Model model{.head_dim = o.head_dim};
+    if (o.order == BwdOrder::kAcrossKvHeads ||
+        a.predicted * (1 + cost * bwd_l2_miss_rate(cols, a.units, o, model)) <
+            kMaxAcrossLoss * best.predicted *
+                (1 + cost * bwd_l2_miss_rate(cols, best.units, o, model)))
+      best = std::move(a);
+  }
   return best;
 }
 

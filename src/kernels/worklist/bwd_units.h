@@ -73,9 +73,9 @@ enum class BwdOrder : std::int32_t {
   // head's Q, dO and dQ in L2.
   kKvHeads = 0,
   // Busiest item first across the kv heads too, where the simulation says that finishes sooner
-  // (kMinGain): better balanced, but the units running together read every kv head's q blocks,
-  // so the plan weighs it only where they touch at most a few times (kMaxAcrossSpread) the q
-  // blocks of kv head by kv head's (MHA over causal documents at 32K: 7x, and 0.6x the speed).
+  // (kMinGain), unless the misses of an L2 model, costed in, say it does not (bwd_l2.h): better
+  // balanced, but the units running together read every kv head's q blocks (MHA over causal
+  // documents at 32K: misses 4% -> 46%, and 0.6x the speed).
   kAcrossKvHeads = 1,
 };
 
@@ -112,6 +112,7 @@ struct BwdUnitOptions {
   int block_rows = 64;  // q rows per block of the kernel
   std::int64_t heads_kv = 1;
   std::int64_t group = 1;       // q heads per kv head
+  std::int64_t head_dim = 128;  // the L2 model's block size (bwd_l2.h)
   std::optional<BwdWalk> walk;  // every item unit's walk; empty: bwd_tile_walk's, within two waves
   std::optional<BwdOrder> order;    // item units; empty: the plan's rule (plan_bwd_units)
   std::optional<BwdUnitKind> kind;  // empty: the plan's rule (plan_bwd_units)
