@@ -165,7 +165,14 @@ double bwd_l2_miss_rate(const WorkList& cols, const std::vector<BwdUnit>& units,
   // last visit (each counted at its own last visit).
   const double capacity =
       model.cache_bytes / double(rows * model.head_dim * (2 + 2 + 4)) / double(every);
-  std::vector<std::int64_t> last(static_cast<std::size_t>(o.heads_kv * group * per_head), -1);
+  // Each entry's last visit, by the entry's rank among those visited (not by its id: a sparse
+  // mask over a long sequence visits few of them).
+  std::vector<std::int64_t> ids(trace.size());
+  for (std::size_t i = 0; i < trace.size(); ++i) ids[i] = trace[i].entry;
+  std::sort(ids.begin(), ids.end());
+  ids.erase(std::unique(ids.begin(), ids.end()), ids.end());
+  for (Visit& v : trace) v.entry = std::lower_bound(ids.begin(), ids.end(), v.entry) - ids.begin();
+  std::vector<std::int64_t> last(ids.size(), -1);
   PrefixCounts marks(trace.size());
   std::int64_t misses = 0, seen = 0;  // entries visited so far: one mark each
   for (std::size_t now = 0; now < trace.size(); ++now) {
