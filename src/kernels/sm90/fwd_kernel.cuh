@@ -113,6 +113,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
         ml.clock.mark(detail::FwdPhase::kWaitS);
         ml.release_k();
         last = ml.take_block();
+        ml.clock.mark(detail::FwdPhase::kCursor);
         ml.softmax_max();
         ml.clock.mark(detail::FwdPhase::kMax);
         ml.wait_pv_and_rescale();

@@ -93,14 +93,17 @@ enum class FwdPhase : int {
   kLoads,    // wait for K (V is waited for in the turn, after S is issued)
   kTurn,     // wait for this group's turn on the tensor cores, issue S and the last P V
   kWaitS,    // wait for S
-  kMax,      // move the cursor on, mask, row maxima
+  kCursor,   // move the cursor on
+  kBounds,   // an edge block: softcap (if on), its band and the columns each row attends
+  kMask,     // an edge block: its mask; another: softcap (if on)
+  kMax,      // row maxima
   kWaitPv,   // wait for the last P V, rescale O
   kExp,      // exponentials and row sums
   kConvert,  // release V, P to the input dtype
   kCount
 };
-inline constexpr const char* kFwdPhaseNames[] = {"loads",   "turn", "wait-s", "max",
-                                                 "wait-pv", "exp",  "convert"};
+inline constexpr const char* kFwdPhaseNames[] = {"loads", "turn", "wait-s",  "cursor", "bounds",
+                                                 "mask",  "max",  "wait-pv", "exp",    "convert"};
 static_assert(sizeof(kFwdPhaseNames) / sizeof(kFwdPhaseNames[0]) == int(FwdPhase::kCount));
 // And of its item loop, from one item's last block to the next's second (PhaseClock::mark_outside).
 enum class FwdOutsidePhase : int {
@@ -250,8 +253,9 @@ struct FwdMainloop {
   // The same in two steps (the row maxima, then row h's exponentials), for the blocks whose
   // softmax waits for the P V of the block before between them (wait_pv_and_rescale).
   __device__ __forceinline__ void softmax_max() {
-    detail::softmax_max<kBlockN>(p, tSrS, {blk_c0, blk_end, blk_band, blk_mask}, rows, col_base,
-                                 correction, m_use);
+    detail::softmax_max<kBlockN>(
+        p, tSrS, {blk_c0, blk_end, blk_band, blk_mask}, rows, col_base, correction, m_use,
+        [&](int step) { clock.mark(step == 0 ? FwdPhase::kBounds : FwdPhase::kMask); });
   }
   __device__ __forceinline__ void softmax_exp(int h) {
     detail::softmax_exp<kBlockN>(p, tSrS, rows, h, correction, m_use);

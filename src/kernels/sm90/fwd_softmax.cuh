@@ -34,10 +34,15 @@ struct FwdBlock {
 // softmax_max softcaps and masks S in place and moves the rows' running maxima on (`correction`
 // returns the factor that rescales what O accumulated before, `m_use` what row h's exponents
 // subtract); softmax_exp turns row h of S into P in fp32 and moves its running sum on.
-template <int kBlockN, class Frag>
+// `mark(step)` ends its steps for the phase clocks (a no-op unless they are built in): step 0 an
+// edge block's bounds (after softcap), step 1 its mask (another block's softcap).
+struct NoMarks {
+  __device__ __forceinline__ void operator()(int) const {}
+};
+template <int kBlockN, class Frag, class Mark = NoMarks>
 __device__ __forceinline__ void softmax_max(const FwdParams& p, Frag& s, const FwdBlock& blk,
                                             Rows& rows, int col_base, float (&correction)[2],
-                                            float (&m_use)[2]) {
+                                            float (&m_use)[2], Mark&& mark = {}) {
   if (p.softcap > 0.f) {
     CUTLASS_PRAGMA_UNROLL
     for (int x = 0; x < cute::size(s); ++x)
@@ -57,8 +62,10 @@ __device__ __forceinline__ void softmax_max(const FwdParams& p, Frag& s, const F
       lo32[h] = int(cols.lo) - col_base;
       hi32[h] = int(cols.hi) - col_base;
     }
+    mark(0);
     mask_outside<kBlockN>(s, lo32, hi32, col_base);
   }
+  mark(1);
   // Row maxima as four independent chains per row: with two consumer warps per scheduler,
   // dependent chains (not throughput) bound this loop. Each chain starts from its first pair, not
   // from -inf: fmaxf(-inf, x) is not folded (it differs from x for a NaN x), and the eight it
