@@ -1,9 +1,10 @@
 #!/usr/bin/env bash
 # On a GPU host: where the kernels' block loops spend their cycles (src/kernels/sm90/phase_clock.cuh).
 # Builds build/trace (bf16, head dim 128 only, FLEXCP_SM90_PHASE_CLOCKS on), runs one forward and
-# backward per case (GQA 64:8, or HEADS and HEADS_KV from the environment) and prints, per consumer group of the first CTAs, each phase's
-# cycles per block and its share of the group's cycles, then a timeline of 16 blocks of CTA 0: when
-# each group ended each phase, side by side (scripts/phases.py).
+# backward per case (GQA 64:8, or HEADS and HEADS_KV from the environment) and prints, per
+# consumer group of the first CTAs, each phase's cycles per block and its share of the group's
+# cycles, then a timeline of 16 blocks of CTA 0: when each group ended each phase, side by side
+# (scripts/phases.py).
 #   scripts/gpu-phases.sh OUT [case...]    a case: a mask of bench/protocol_masks.sh and a length,
 #                                          e.g. swa1024-32k (default: full-4k causal-4k full-32k
 #                                          causal-32k varlen-causal-32k)
@@ -28,8 +29,8 @@ for c in "${cases[@]}"; do
   echo "== $c"
   [[ -f $specs/$mask-$len.json ]] || bench/protocol_masks.sh "$cli" "$specs" "$len"
   [[ -f $specs/$mask-$len.json ]] || { echo "no protocol mask '$mask' (bench/protocol_masks.sh)"; continue; }
-  "$cli" bench --device cuda --heads "${HEADS:-64}" --heads-kv "${HEADS_KV:-8}" --head-dim 128 --warmup 0 --repeat 1 \
-    --backward --mask-file "$specs/$mask-$len.json" > "$out/phases-$c.txt" 2>&1 ||
+  "$cli" bench --device cuda --heads "${HEADS:-64}" --heads-kv "${HEADS_KV:-8}" --head-dim 128 \
+    --warmup 0 --repeat 1 --backward --mask-file "$specs/$mask-$len.json" > "$out/phases-$c.txt" 2>&1 ||
     { tail -5 "$out/phases-$c.txt"; continue; }
   python3 scripts/phases.py < "$out/phases-$c.txt"
 done
