@@ -3,7 +3,8 @@
 # result (an instruction order, where a reduction's chain starts), both CLIs run the same saved
 # inputs through `flexcp attn --device cuda` on a few masks (causal, documents, a window, full with
 # softcap and a sink), and their outputs are compared byte for byte. With BACKWARD=1 the backward
-# runs too, in its deterministic mode (the fast mode's dQ sums in arrival order).
+# runs too, in its deterministic mode and in the fast one, whose dK and dV are compared (its dQ
+# sums in arrival order).
 #   scripts/gpu-same-bits.sh A_CLI B_CLI OUT          (DEVICE=cpu tries the script here)
 # Prints one line per case and exits non-zero if any output differs.
 set -euo pipefail
@@ -28,35 +29,43 @@ save("sink", (hq,))
 EOF
 cases=("causal" "varlen-causal" "sliding-window --window 700"
   "full --softcap 30 --sink $out/sink.npy")
+modes=(forward)
+[[ -n ${BACKWARD:-} ]] && modes=(deterministic fast)
 rc=0
 for c in "${cases[@]}"; do
-  name=${c%% *}
-  for side in a b; do
-    cli=$a
-    [[ $side == b ]] && cli=$b
-    grads=()
-    [[ -n ${BACKWARD:-} ]] && grads=(--dout "$out/dout.npy" --dq "$out/$side-dq.npy" --dk
-      "$out/$side-dk.npy" --dv "$out/$side-dv.npy" --deterministic)
-    # shellcheck disable=SC2086  # the case's options are a list
-    if ! "$cli" attn --device "${DEVICE:-cuda}" --dtype bf16 --mask $c --seqlen "$tokens" \
-      --q "$out/q.npy" --k "$out/k.npy" --v "$out/v.npy" --out "$out/$side-out.npy" \
-      --lse "$out/$side-lse.npy" "${grads[@]}" > "$out/$side-$name.log" 2>&1; then
-      echo "$name: $side failed"
-      tail -3 "$out/$side-$name.log"
-      rc=1
-    fi
+  for mode in "${modes[@]}"; do
+    name=${c%% *}
+    [[ $mode != forward ]] && name+=" ($mode)"
+    for side in a b; do
+      cli=$a
+      [[ $side == b ]] && cli=$b
+      grads=()
+      [[ $mode != forward ]] && grads=(--dout "$out/dout.npy" --dq "$out/$side-dq.npy" --dk
+        "$out/$side-dk.npy" --dv "$out/$side-dv.npy")
+      [[ $mode == deterministic ]] && grads+=(--deterministic)
+      # shellcheck disable=SC2086  # the case's options are a list
+      if ! "$cli" attn --device "${DEVICE:-cuda}" --dtype bf16 --mask $c --seqlen "$tokens" \
+        --q "$out/q.npy" --k "$out/k.npy" --v "$out/v.npy" --out "$out/$side-out.npy" \
+        --lse "$out/$side-lse.npy" "${grads[@]}" > "$out/$side-${name%% *}.log" 2>&1; then
+        echo "$name: $side failed"
+        tail -3 "$out/$side-${name%% *}.log"
+        rc=1
+      fi
+    done
+    compared=(out lse dq dk dv)
+    [[ $mode == fast ]] && compared=(out lse dk dv)
+    same=()
+    for t in "${compared[@]}"; do
+      [[ -f $out/a-$t.npy ]] || continue
+      if cmp -s "$out/a-$t.npy" "$out/b-$t.npy"; then
+        same+=("$t=same")
+      else
+        same+=("$t=DIFFERENT")
+        rc=1
+      fi
+    done
+    echo "same-bits $name: ${same[*]}"
+    rm -f "$out"/[ab]-*.npy
   done
-  same=()
-  for t in out lse dq dk dv; do
-    [[ -f $out/a-$t.npy ]] || continue
-    if cmp -s "$out/a-$t.npy" "$out/b-$t.npy"; then
-      same+=("$t=same")
-    else
-      same+=("$t=DIFFERENT")
-      rc=1
-    fi
-  done
-  echo "same-bits $name: ${same[*]}"
-  rm -f "$out"/[ab]-*.npy
 done
 exit $rc
