@@ -5,9 +5,11 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdlib>
+#include <cstring>
 #include <optional>
 #include <random>
 #include <string>
+#include <tuple>
 #include <utility>
 #include <vector>
 
@@ -400,6 +402,62 @@ TEST(Sm90Backward, KeyGradientsRepeatBitForBit) {
   const DeviceGrads a = run_on_device(c, in, mask), b = run_on_device(c, in, mask);
   EXPECT_EQ(a.dk.bytes, b.dk.bytes);
   EXPECT_EQ(a.dv.bytes, b.dv.bytes);
+}
+
+// dK and dV written into views of larger buffers, as a caller's packed gradients are: one spare
+// kv head before each token's heads and one spare token at the end, all poisoned. The views get
+// the bits contiguous tensors get, and nothing outside them is written: not the spare heads
+// between rows, nor the rows past the keys of the last tile (900 and 333 keys: tiles of 128 and
+// groups of 64 end past them).
+TEST(Sm90Backward, KeyGradientsInStridedViewsLeaveTheRestOfTheirBuffers) {
+  SKIP_WITHOUT_GPU();
+  std::mt19937_64 rng(87);
+  const test::KernelCase cases[] = {{"strided", 700, 900, 8, 2, 128},
+                                    {"strided-64", 300, 333, 4, 2, 64, DType::kFloat16}};
+  for (const test::KernelCase& c : cases) {
+    SCOPED_TRACE(c.name);
+    const Mask mask = test::random_mask(rng, c.tq, c.tk);
+    const Inputs in = make_inputs(c, rng);
+    const DeviceGrads want = run_on_device(c, in, mask);
+
+    Tensor dq(c.dtype, {c.tq, c.hq, c.d});
+    Tensor dk_buffer(c.dtype, {c.tk + 1, c.hk + 1, c.d}), dv_buffer = dk_buffer;
+    const Tensor out(c.dtype, {c.tq, c.hq, c.d}), lse(DType::kFloat32, {c.tq, c.hq});
+    const DeviceCopy q(in.q), k(in.k), v(in.v), dout(in.dout), o(out, true), l(lse, true);
+    const DeviceCopy dq_d(dq, true), dk_d(dk_buffer, true), dv_d(dv_buffer, true);
+    const std::size_t esize = dtype_size(c.dtype);
+    auto inner = [&](const DeviceCopy& buffer) {
+      TensorView view = make_view(static_cast<char*>(buffer.ptr) + c.d * esize, c.dtype,
+                                  {c.tk, c.hk, c.d}, Device::kCuda);
+      view.strides[0] = (c.hk + 1) * c.d;
+      return view;
+    };
+    forward(q.view, k.view, v.view, mask, o.view, l.view, in.options);
+    backward(dout.view, q.view, k.view, v.view, o.view, l.view, mask, dq_d.view, inner(dk_d),
+             inner(dv_d), in.options, TensorView{});
+    dk_d.copy_to(dk_buffer);
+    dv_d.copy_to(dv_buffer);
+
+    for (auto [name, buffer, grads] :
+         {std::tuple{"dk", &dk_buffer, &want.dk}, std::tuple{"dv", &dv_buffer, &want.dv}}) {
+      std::int64_t wrong = 0, written_outside = 0;
+      for (std::int64_t t = 0; t <= c.tk; ++t)
+        for (std::int64_t h = 0; h <= c.hk; ++h) {
+          const unsigned char* at = buffer->bytes.data() + ((t * (c.hk + 1) + h) * c.d) * esize;
+          const std::size_t row_bytes = c.d * esize;
+          if (t < c.tk && h > 0) {
+            const unsigned char* expected =
+                grads->bytes.data() + ((t * c.hk + h - 1) * c.d) * esize;
+            wrong += std::memcmp(at, expected, row_bytes) != 0;
+          } else {
+            written_outside +=
+                std::any_of(at, at + row_bytes, [](unsigned char b) { return b != 0xff; });
+          }
+        }
+      EXPECT_EQ(wrong, 0) << name << ": rows that differ from the contiguous tensor's";
+      EXPECT_EQ(written_outside, 0) << name << ": rows outside the view that were written";
+    }
+  }
 }
 
 // Few key tiles for the SMs (causal 1K, 16 q heads on 2 kv heads: 16 items for 132 SMs), so the
