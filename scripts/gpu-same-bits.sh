@@ -46,9 +46,9 @@ for c in "${cases[@]}"; do
       # shellcheck disable=SC2086  # the case's options are a list
       if ! "$cli" attn --device "${DEVICE:-cuda}" --dtype bf16 --mask $c --seqlen "$tokens" \
         --q "$out/q.npy" --k "$out/k.npy" --v "$out/v.npy" --out "$out/$side-out.npy" \
-        --lse "$out/$side-lse.npy" "${grads[@]}" > "$out/$side-${name%% *}.log" 2>&1; then
+        --lse "$out/$side-lse.npy" "${grads[@]}" > "$out/$side-${name%% *}-$mode.log" 2>&1; then
         echo "$name: $side failed"
-        tail -3 "$out/$side-${name%% *}.log"
+        tail -3 "$out/$side-${name%% *}-$mode.log"
         rc=1
       fi
     done
