@@ -8,7 +8,7 @@
 #   scripts/gpu-ab.sh BASE_TREE OUT [lengths...]
 # A_TREE (optional) builds A from another tree as B is built (e.g. two branches carried as ignored
 # folders, each against main's, in one call), instead of this tree's build/gpu.
-# From the environment: HEADS, HEADS_KV, ROUNDS, SAMPLES (per call, 35 after 500 ms of warm-up:
+# From the environment: HEADS, HEADS_KV, HEAD_DIM (128 unless set; both CLIs built for it), ROUNDS, SAMPLES (per call, 35 after 500 ms of warm-up:
 # the GPU meets its power limit first, as in training and in bench/gpu_bench.sh), MASKS (names of
 # bench/protocol_masks.sh; default "full causal varlen-causal swa1024"), A_LABEL (the device
 # copy's .git may be older than its tree: say which commit A is),
@@ -25,15 +25,16 @@ shift 2
 lengths=("${@:-32768}")
 read -r -a lengths <<< "${lengths[*]}"
 mkdir -p "$out"
-heads=${HEADS:-64} heads_kv=${HEADS_KV:-8} rounds=${ROUNDS:-3} samples=${SAMPLES:-35}
+heads=${HEADS:-64} heads_kv=${HEADS_KV:-8} head_dim=${HEAD_DIM:-128} rounds=${ROUNDS:-3}
+samples=${SAMPLES:-35}
 masks=${MASKS:-full causal varlen-causal swa1024}
 label=${A_LABEL:-$(git rev-parse --short HEAD 2>/dev/null)}
-# tree cmake-args -> the path of its CLI, built in tree/build-ab (bf16, head dim 128 only).
+# tree cmake-args -> the path of its CLI, built in tree/build-ab (bf16, the one head dim).
 build_cli() {
   # shellcheck disable=SC2086  # the options are a list
   if ! cmake -S "$1" -B "$1/build-ab" -G Ninja -DCMAKE_BUILD_TYPE=Release \
     -DFLEXCP_BUILD_TESTS=OFF -DFLEXCP_BUILD_BENCH=OFF -DFLEXCP_SM90_DTYPES=bf16 \
-    -DFLEXCP_SM90_HEAD_DIMS=128 -DFLEXCP_CUTLASS_INCLUDE="$PWD/.deps/cutlass/include" \
+    -DFLEXCP_SM90_HEAD_DIMS="$head_dim" -DFLEXCP_CUTLASS_INCLUDE="$PWD/.deps/cutlass/include" \
     $2 >> "$out/ab-build.log" 2>&1 ||
     ! cmake --build "$1/build-ab" -j "$(nproc)" --target flexcp_cli >> "$out/ab-build.log" 2>&1; then
     tail -30 "$out/ab-build.log" >&2
@@ -86,7 +87,7 @@ a_flags=$(direction_flags "$a") b_flags=$(direction_flags "$b")
 tflops() {
   # shellcheck disable=SC2086  # the variables and the flags are lists
   env $1 python3 bench/gpu_clocks.py "$2" bench --device cuda --mask-file "$4" --heads "$heads" \
-    --heads-kv "$heads_kv" --head-dim 128 --dtype bf16 --warmup 3 --warmup-ms 500 \
+    --heads-kv "$heads_kv" --head-dim "$head_dim" --dtype bf16 --warmup 3 --warmup-ms 500 \
     --repeat "$samples" $3 |
     awk -v dir="$dir" '
       $0 ~ " dir=" dir " " && match($0, /TFLOPS=[0-9.]+/) { t = substr($0, RSTART + 7, RLENGTH - 7) }
@@ -99,7 +100,7 @@ median() {
     awk '{v[NR]=$1} END {print (NR % 2) ? v[(NR+1)/2] : (v[NR/2] + v[NR/2+1]) / 2}'
 }
 {
-  echo "A: $label ${A_ENV:-}, B: $base ${B_ENV:-}; $dir, GQA $heads:$heads_kv, hd128, bf16, $rounds rounds"
+  echo "A: $label ${A_ENV:-}, B: $base ${B_ENV:-}; $dir, GQA $heads:$heads_kv, hd$head_dim, bf16, $rounds rounds"
   printf '%-22s %10s %10s %8s %7s %7s   %s\n' mask "A TFLOPS" "B TFLOPS" "A/B" "A MHz" "B MHz" \
     "rounds (A B)"
   for n in "${names[@]}"; do
