@@ -8,8 +8,9 @@
 #   scripts/gpu-ab.sh BASE_TREE OUT [lengths...]
 # A_TREE (optional) builds A from another tree as B is built (e.g. two branches carried as ignored
 # folders, each against main's, in one call), instead of this tree's build/gpu.
-# From the environment: HEADS, HEADS_KV, HEAD_DIM (128 unless set; both CLIs built for it), ROUNDS, SAMPLES (per call, 35 after 500 ms of warm-up:
-# the GPU meets its power limit first, as in training and in bench/gpu_bench.sh), MASKS (names of
+# From the environment: HEADS, HEADS_KV, HEAD_DIM (128 unless set; both CLIs are built for it),
+# ROUNDS, SAMPLES (per call, 35 after 500 ms of warm-up: the GPU meets its power limit first, as
+# in training and in bench/gpu_bench.sh), MASKS (names of
 # bench/protocol_masks.sh; default "full causal varlen-causal swa1024"), A_LABEL (the device
 # copy's .git may be older than its tree: say which commit A is),
 # BUILD_ONLY=1 (build both CLIs, print their paths, time nothing), B_CMAKE_ARGS (B's build
