@@ -3,9 +3,10 @@
 // hashes must match (what scripts/sass-diff.sh is to the kernels). It builds, for a fixed,
 // seeded set of masks (causal, cross-length causal, documents causal and full, windows, block
 // causal, prefix LM, unions, 1 to 300K tokens), every work list a kernel plan holds (the sm90
-// forward's rows at each GQA packing, the backward's key tiles, the deterministic dQ pass's
-// rows, the CPU kernels' rows and key tiles) and the sm90 backward's units on 1, 7, 132 and 1000
-// SMs for GQA 1:1, 2:3 and 8:8, and hashes every field (FNV-1a, doubles by their bits):
+// forward's rows at each GQA packing and head dim's key block, the backward's key tiles, the
+// deterministic dQ pass's rows, the CPU kernels' rows and key tiles) and the sm90 backward's
+// units on 1, 7, 132 and 1000 SMs for GQA 1:1, 2:3 and 8:8, and hashes every field (FNV-1a,
+// doubles by their bits):
 //   build/default/bench/plan_fingerprint        -> "lists <hash> units <hash> (<n> masks)"
 // Not a test: a change that means to alter the plans changes the hashes, and that is fine.
 #include <bit>
@@ -114,9 +115,11 @@ int main() {
       return flexcp::build_work_list(bands, tq, tk,
                                      {.order = order, .tile_rows = rows, .block_cols = cols});
     };
-    for (const std::int64_t group : {1, 2, 8})
-      hash_list(lists, list(WorkListOrder::kRowMajor, tiles::kSm90BlockM / tiles::sm90_pack(group),
-                            tiles::kSm90BlockN));
+    for (const std::int64_t head_dim : {64, 128})
+      for (const std::int64_t group : {1, 2, 8})
+        hash_list(lists,
+                  list(WorkListOrder::kRowMajor, tiles::kSm90BlockM / tiles::sm90_pack(group),
+                       tiles::sm90_fwd_block_n(head_dim)));
     hash_list(lists,
               list(WorkListOrder::kRowMajor, tiles::kSm90BwdDqBlockM, tiles::kSm90BwdDqBlockN));
     hash_list(lists,

@@ -29,6 +29,7 @@ namespace {
 using namespace flexcp::sm90;
 namespace kd = flexcp::sm90::detail;  // (cute has a detail namespace too)
 using Cfg = FwdConfig<cutlass::bfloat16_t, 128>;
+constexpr int kBlockN = Cfg::kBlockN;
 using Element = Cfg::Element;
 
 // What runs beside the measured group's softmax; the last two leave that group idle, for the

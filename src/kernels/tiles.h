@@ -26,6 +26,17 @@ inline int cpu_q_tile_tokens(std::int64_t group) {
 // 128-key S tile is 64 fp32 registers per thread (176 keys spilled at the 232-register budget).
 inline constexpr int kSm90BlockM = 128;
 inline constexpr int kSm90BlockN = 128;
+// At head dim 64 a block's products take half the tensor cores' time of head dim 128's while its
+// softmax takes as long: the two groups' softmaxes, not the products, set the pace. Longer key
+// blocks give each softmax more products to hide under (its fixed costs, the turn, the row
+// maxima's shuffles and the waits, are per block). 3 K/V stages of 192 keys, two Q buffers and
+// the O tile take 192 KiB; S is 96 fp32 registers a thread. Against 128 keys on an H100: +5-7%
+// on full, causal and documents, +1.5% on windows; 160 keys were 5-7% slower than 128.
+inline constexpr int kSm90BlockNHd64 = 192;
+// The forward's key block at a head dim (the plan's work list is cut in these blocks).
+constexpr int sm90_fwd_block_n(std::int64_t head_dim) {
+  return head_dim <= 64 ? kSm90BlockNHd64 : kSm90BlockN;
+}
 // sm90 backward. One CTA owns kSm90BwdBlockN keys of one kv head (two consumer warp groups of 64
 // keys, the wgmma M, so that P^T and dS^T land in registers as the A operands of dV and dK) and
 // walks q in blocks of kSm90BwdBlockM rows: the dK and dV accumulators (64 keys x 128 dims each,

@@ -174,7 +174,7 @@ AttentionPlan make_attention_plan(const std::vector<Band>& work, const Attention
   impl->rows = build_work_list(bands, tq, tk,
                                {.order = WorkListOrder::kRowMajor,
                                 .tile_rows = tiles::kSm90BlockM / impl->pack,
-                                .block_cols = tiles::kSm90BlockN});
+                                .block_cols = tiles::sm90_fwd_block_n(shape.head_dim)});
   const std::int64_t items = impl->rows.num_tiles() * shape.heads_kv * (shape.group() / impl->pack);
   if (impl->rows.entries.size() > static_cast<std::size_t>(INT32_MAX) || items > INT32_MAX)
     c.fail("the work list has " + std::to_string(impl->rows.entries.size()) + " entries and " +

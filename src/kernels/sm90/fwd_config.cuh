@@ -23,6 +23,7 @@ template <class Element_, int kHeadDim_>
 struct FwdConfig {
   using Element = Element_;
   static constexpr int kHeadDim = kHeadDim_;
+  static constexpr int kBlockN = tiles::sm90_fwd_block_n(kHeadDim);
   static constexpr int kStages = kHeadDim <= 64 ? 3 : 2;
   // Two Q buffers: the next item's Q loads while this one's last blocks run.
   static constexpr int kQStages = 2;

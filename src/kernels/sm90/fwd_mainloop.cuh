@@ -49,6 +49,7 @@ __device__ __forceinline__ void load_fwd_items(const FwdParams& p, typename Cfg:
   using PipelineQ = typename Cfg::PipelineQ;
   using PipelineKV = typename Cfg::PipelineKV;
   constexpr int kHeadDim = Cfg::kHeadDim;
+  constexpr int kBlockN = Cfg::kBlockN;
   prefetch_tma_descriptor(&p.tma_q);
   if (p.seqlen_k > 0) {  // without keys the K/V maps are left empty
     prefetch_tma_descriptor(&p.tma_k);
@@ -130,6 +131,7 @@ struct FwdMainloop {
   using MmaQK = typename Cfg::MmaQK;
   using MmaPV = typename Cfg::MmaPV;
   static constexpr int kHeadDim = Cfg::kHeadDim;
+  static constexpr int kBlockN = Cfg::kBlockN;
   template <class Layout>
   using Smem =
       decltype(cute::make_tensor(cute::make_smem_ptr(static_cast<Element*>(nullptr)), Layout{}));

@@ -14,13 +14,13 @@
 namespace flexcp::sm90 {
 
 // One CTA owns kBlockM rows of q (the q heads of one kv head packed into them, DESIGN §3) and
-// walks its work list in K/V blocks of kBlockN keys (kernels/tiles.h says why these sizes).
+// walks its work list in K/V blocks of FwdConfig::kBlockN keys, which depends on the head dim
+// (kernels/tiles.h says why these sizes).
 inline constexpr int kBlockM = tiles::kSm90BlockM;
-inline constexpr int kBlockN = tiles::kSm90BlockN;
 
 struct FwdParams {
   // q as {D, Tq, Hq}, boxes of {64, rows_per_tile, pack}; k and v as {D, Tk, Hk}, boxes of
-  // {64, kBlockN, 1}; out in half tiles ({64, 64, 1} when pack is 1, else {64, rows_per_tile,
+  // {64, block_n, 1}; out in half tiles ({64, 64, 1} when pack is 1, else {64, rows_per_tile,
   // pack / 2}), one per consumer warp group. 128-byte swizzle; out-of-bounds rows read as zeros
   // and are never written.
   CUtensorMap tma_q;

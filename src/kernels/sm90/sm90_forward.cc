@@ -77,8 +77,9 @@ void forward(const CallShape& s, const AttentionPlan::Impl& plan, const TensorVi
   const int rows = kBlockM / pack;
   p.tma_q = tensor_map(kFn, "q", q, rows, pack);
   if (s.seqlen_k > 0) {
-    p.tma_k = tensor_map(kFn, "k", k, kBlockN, 1);
-    p.tma_v = tensor_map(kFn, "v", v, kBlockN, 1);
+    const int block_n = tiles::sm90_fwd_block_n(s.head_dim);
+    p.tma_k = tensor_map(kFn, "k", k, block_n, 1);
+    p.tma_v = tensor_map(kFn, "v", v, block_n, 1);
   }
   // Each consumer warp group stores its own 64 rows: half the tile's tokens of one head, or
   // half of its packed heads.
