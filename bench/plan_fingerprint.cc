@@ -5,8 +5,8 @@
 // causal, prefix LM, unions, 1 to 300K tokens), every work list a kernel plan holds (the sm90
 // forward's rows at each GQA packing and head dim's key block, the backward's key tiles, the
 // deterministic dQ pass's rows, the CPU kernels' rows and key tiles) and the sm90 backward's
-// units on 1, 7, 132 and 1000 SMs for GQA 1:1, 2:3 and 8:8, and hashes every field (FNV-1a,
-// doubles by their bits):
+// units (at both head dims' q blocks) on 1, 7, 132 and 1000 SMs for GQA 1:1, 2:3 and 8:8, and
+// hashes every field (FNV-1a, doubles by their bits):
 //   build/default/bench/plan_fingerprint        -> "lists <hash> units <hash> (<n> masks)"
 // Not a test: a change that means to alter the plans changes the hashes, and that is fine.
 #include <bit>
@@ -126,19 +126,23 @@ int main() {
               list(WorkListOrder::kRowMajor, tiles::cpu_q_tile_tokens(8), tiles::kCpuBlockCols));
     hash_list(lists,
               list(WorkListOrder::kColumnMajor, tiles::kCpuKeyTileTokens, tiles::kCpuBlockCols));
-    const flexcp::WorkList cols =
-        list(WorkListOrder::kColumnMajor, tiles::kSm90BwdBlockN, tiles::kSm90BwdBlockM);
-    hash_list(lists, cols);
-    for (const int sms : {1, 7, 132, 1000})
-      for (const auto& [heads_kv, group] : {std::pair{1, 1}, {2, 3}, {8, 8}})
-        hash_units(units, flexcp::plan_bwd_units(cols, {.sms = sms,
-                                                        .block_rows = tiles::kSm90BwdBlockM,
-                                                        .heads_kv = heads_kv,
-                                                        .group = group,
-                                                        .walk = std::nullopt,
-                                                        .order = std::nullopt,
-                                                        .kind = std::nullopt,
-                                                        .unit_heads = std::nullopt}));
+    for (const std::int64_t head_dim : {64, 128}) {
+      const int block_rows = tiles::sm90_bwd_block_m(head_dim);
+      const flexcp::WorkList cols =
+          list(WorkListOrder::kColumnMajor, tiles::kSm90BwdBlockN, block_rows);
+      hash_list(lists, cols);
+      for (const int sms : {1, 7, 132, 1000})
+        for (const auto& [heads_kv, group] : {std::pair{1, 1}, {2, 3}, {8, 8}})
+          hash_units(units, flexcp::plan_bwd_units(cols, {.sms = sms,
+                                                          .block_rows = block_rows,
+                                                          .heads_kv = heads_kv,
+                                                          .group = group,
+                                                          .head_dim = head_dim,
+                                                          .walk = std::nullopt,
+                                                          .order = std::nullopt,
+                                                          .kind = std::nullopt,
+                                                          .unit_heads = std::nullopt}));
+    }
   }
   std::printf("lists %016llx units %016llx (%d masks)\n", static_cast<unsigned long long>(lists.h),
               static_cast<unsigned long long>(units.h), count);

@@ -45,6 +45,17 @@ constexpr int sm90_fwd_block_n(std::int64_t head_dim) {
 // buffers and the statistics take 160 KiB of shared memory.
 inline constexpr int kSm90BwdBlockM = 64;
 inline constexpr int kSm90BwdBlockN = 128;
+// At head dim 64 a block's products are half head dim 128's and its fixed costs (the dS barrier,
+// dQ's staging and hand-over, the waits) the same, so the q blocks are 128 rows, which fill the
+// same registers (S^T and dP^T 64 a thread, dK and dV 32) and the same shared memory as head dim
+// 128's 64 rows; each group then stages 64 rows of dQ instead of half its columns, and reads the
+// rows' statistics from shared memory where it uses them. Against 64 rows on an H100 (GQA 64:8,
+// 8K and 32K): +7-9% on full, causal and documents, +7-14% on windows of 1024.
+inline constexpr int kSm90BwdBlockMHd64 = 128;
+// The backward's q block at a head dim (the plan's column-major list is cut in these blocks).
+constexpr int sm90_bwd_block_m(std::int64_t head_dim) {
+  return head_dim <= 64 ? kSm90BwdBlockMHd64 : kSm90BwdBlockM;
+}
 // sm90 deterministic dQ pass (q-tile-major). One CTA owns kSm90BwdDqBlockM rows of one q head (two
 // consumer warp groups of 64 rows) and walks K/V in blocks of kSm90BwdDqBlockN keys: the dQ
 // accumulator (64 fp32 registers a thread at head dim 128) with one 64-key S and dP tile (32

@@ -185,7 +185,7 @@ AttentionPlan make_attention_plan(const std::vector<Band>& work, const Attention
     impl->cols = build_work_list(bands, tq, tk,
                                  {.order = WorkListOrder::kColumnMajor,
                                   .tile_rows = tiles::kSm90BwdBlockN,
-                                  .block_cols = tiles::kSm90BwdBlockM});
+                                  .block_cols = tiles::sm90_bwd_block_m(shape.head_dim)});
     const std::int64_t bwd_items = impl->cols.num_tiles() * shape.heads_kv;
     if (impl->cols.entries.size() > static_cast<std::size_t>(INT32_MAX) || bwd_items > INT32_MAX)
       c.fail("the backward's work list has " + std::to_string(impl->cols.entries.size()) +
@@ -196,7 +196,7 @@ AttentionPlan make_attention_plan(const std::vector<Band>& work, const Attention
       impl->bwd_units = plan_bwd_units(
           impl->cols,
           {.sms = sm90::planned_multiprocessors(static_cast<int>(shape.device_index)),
-           .block_rows = tiles::kSm90BwdBlockM,
+           .block_rows = tiles::sm90_bwd_block_m(shape.head_dim),
            .heads_kv = shape.heads_kv,
            .group = shape.group(),
            .head_dim = shape.head_dim,

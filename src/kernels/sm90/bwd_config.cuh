@@ -32,11 +32,11 @@ struct BwdConfig {
   // template parameter, not a flag: tested at run time in the block loop it cost the default
   // mode 1-3% (measured, bench/results/h200-backward-2026-12-01.md).
   static constexpr bool kAccumulateDq = kAccumulateDq_;
-  static constexpr int kBlockM = kBwdBlockM;  // q rows per block
-  static constexpr int kBlockN = kBwdBlockN;  // keys per CTA
-  static constexpr int kStages = 2;           // Q and dO buffers: the next block loads meanwhile
-  static constexpr int kDsStages = 2;         // dS buffers: one group may write the next block's dS
-                                              // while the other still reads this one's for dQ
+  static constexpr int kBlockM = tiles::sm90_bwd_block_m(kHeadDim);  // q rows per block
+  static constexpr int kBlockN = kBwdBlockN;                         // keys per CTA
+  static constexpr int kStages = 2;    // Q and dO buffers: the next block loads meanwhile
+  static constexpr int kDsStages = 2;  // dS buffers: one group may write the next block's dS
+                                       // while the other still reads this one's for dQ
   static constexpr int kConsumers = 2;
   static constexpr int kThreads = 128 * (kConsumers + 1);
   static constexpr int kConsumerThreads = 128 * kConsumers;  // what the groups' barriers count
@@ -57,11 +57,20 @@ struct BwdConfig {
   static constexpr int kProducerRegs = 24;
   static constexpr int kConsumerRegs = 240;
   static_assert(kProducerRegs + kConsumers * kConsumerRegs <= (kConsumers + 1) * kLaunchRegs);
-  static_assert(kHeadDim % 64 == 0 && kBlockN == 64 * kConsumers && kBlockM == 64);
-  // Each group's dQ staging tile: kBlockM rows x kHeadDim / 2 fp32, in panels one TMA box wide.
-  static constexpr int kDqCols = kHeadDim / 2;
+  static_assert(kHeadDim % 64 == 0 && kBlockN == 64 * kConsumers);
+  static_assert(kBlockM == 64 || (kBlockM == 128 && kHeadDim == 64));
+  // The statistics a block reads (bwd_scratch.h).
+  static constexpr int kStatsLoad = bwd_stats_span(kBlockM);
+  static_assert(kStatsLoad <= kBwdStatsPad);
+  // dQ's product and staging: each group takes a 64 x 64 part of the block's dQ, its rows when
+  // the block has 128 (head dim 64), else half its columns, so that the accumulator and the
+  // staged tile (kDqRows x kDqCols fp32 in panels one TMA box wide) are alike at both head dims.
+  static constexpr bool kDqSplitRows = kBlockM == 2 * 64;
+  static constexpr int kDqRows = kDqSplitRows ? kBlockM / 2 : kBlockM;
+  static constexpr int kDqCols = kDqSplitRows ? kHeadDim : kHeadDim / 2;
   static constexpr int kDqPanels = kDqCols / kBwdDqBoxCols;
-  static_assert(kDqCols % kBwdDqBoxCols == 0 && kBwdDqBoxCols * sizeof(float) == 128);
+  static_assert(kDqRows == kBwdDqBoxRows && kDqCols % kBwdDqBoxCols == 0 &&
+                kBwdDqBoxCols * sizeof(float) == 128);
 
   using Atom2M = cute::Layout<cute::Shape<cute::_2, cute::_1, cute::_1>>;
   using Atom2N = cute::Layout<cute::Shape<cute::_1, cute::_2, cute::_1>>;
@@ -75,12 +84,12 @@ struct BwdConfig {
       cute::GMMA::rs_op_selector<Element, Element, float, TileKV, cute::GMMA::Major::K,
                                  cute::GMMA::Major::MN>(),
       Atom2M{}));
-  // dQ: M = q rows, N = half the head dim per group, K = keys.
-  using TileDQ = cute::Shape<cute::Int<kBlockM>, cute::Int<kHeadDim / 2>, cute::Int<kBlockN>>;
+  // dQ: M = q rows, N = head dim, K = keys; per group kDqRows x kDqCols.
+  using TileDQ = cute::Shape<cute::Int<kDqRows>, cute::Int<kDqCols>, cute::Int<kBlockN>>;
   using MmaDQ = decltype(cute::make_tiled_mma(
       cute::GMMA::ss_op_selector<Element, Element, float, TileDQ, cute::GMMA::Major::K,
                                  cute::GMMA::Major::MN>(),
-      Atom2N{}));
+      std::conditional_t<kDqSplitRows, Atom2M, Atom2N>{}));
 
   using SwizzleAtom = decltype(cute::GMMA::Layout_K_SW128_Atom<Element>{});
   using SmemLayoutQ = decltype(cute::tile_to_shape(
@@ -117,8 +126,8 @@ struct BwdConfig {
     cute::array_aligned<Element, cute::cosize_v<SmemLayoutKV>, 1024> v;
     cute::array_aligned<Element, cute::cosize_v<SmemLayoutDs>, 1024> ds;
     cute::array_aligned<float, kBlockM * kHeadDim, 1024> dq;  // [group][panel][row][32], swizzled
-    cute::array_aligned<float, kBwdStatsLoad * kStages, 128> lse2;
-    cute::array_aligned<float, kBwdStatsLoad * kStages, 128> delta;
+    cute::array_aligned<float, kStatsLoad * kStages, 128> lse2;
+    cute::array_aligned<float, kStatsLoad * kStages, 128> delta;
     typename PipelineQ::SharedStorage pipe_q;
     typename PipelineQ::SharedStorage pipe_do;
     typename PipelineKV::SharedStorage pipe_kv;
@@ -129,7 +138,7 @@ struct BwdConfig {
   static_assert(kSmemBytes <= 227 * 1024, "more shared memory than an sm_90 CTA may have");
 
   static constexpr std::uint32_t kQBytes = kBlockM * kHeadDim * sizeof(Element);
-  static constexpr std::uint32_t kStatsBytes = kBwdStatsLoad * sizeof(float);
+  static constexpr std::uint32_t kStatsBytes = kStatsLoad * sizeof(float);
   static_assert(kStatsBytes % 16 == 0, "bulk copies move multiples of 16 bytes");
   static constexpr std::uint32_t kKVBytes = kBlockN * kHeadDim * sizeof(Element);
   // A split item's partials: each consumer thread's dK and dV fragments as float4s, thread-minor

@@ -1,5 +1,5 @@
 // The backward's dQ writer (BwdConfig::kDqWriterWarp): the producer warp group's second warp adds
-// each consumer group's staged half of a block's dQ to the fp32 accumulator with TMA reductions,
+// each consumer group's staged part of a block's dQ to the fp32 accumulator with TMA reductions,
 // so that a group hands its tile over with a fence and a non-blocking arrive instead of waiting
 // for all its threads and then, a block later, for the copy engine.
 //
@@ -65,16 +65,19 @@ __device__ __forceinline__ void write_dq_blocks(const BwdParams& p, Storage& ss,
     if (i >= p.items) break;
     const BwdItem it = decode_bwd_item(p, i);
     if (it.e_begin == it.e_end) continue;
-    walk_unit(p, it, [&](int hq, int c0, const WorkEntry&) {
+    walk_unit<Cfg::kBlockM>(p, it, [&](int hq, int c0, const WorkEntry&) {
       release_dq_tiles<Cfg>(issuer);  // the last block's (none pending before the first)
       for (int g = 0; g < Cfg::kConsumers; ++g) {
         NamedBarrier::sync(kThreads, dq_barrier(BwdBarrier::kDqStaged, g));
         if (issuer) {
-          const float* tile = ss.dq.data() + g * Cfg::kBlockM * Cfg::kDqCols;
+          // Group g's part: rows g kDqRows on of a 128-row block, else columns g kDqCols on.
+          const float* tile = ss.dq.data() + g * Cfg::kDqRows * Cfg::kDqCols;
+          const int col0 = Cfg::kDqSplitRows ? 0 : g * Cfg::kDqCols;
+          const int row0 = c0 + (Cfg::kDqSplitRows ? g * Cfg::kDqRows : 0);
           CUTLASS_PRAGMA_UNROLL
           for (int panel = 0; panel < Cfg::kDqPanels; ++panel)
-            SM90_TMA_REDUCE_ADD_3D::copy(&p.tma_dq, tile + panel * Cfg::kBlockM * kBwdDqBoxCols,
-                                         g * Cfg::kDqCols + panel * kBwdDqBoxCols, c0, hq);
+            SM90_TMA_REDUCE_ADD_3D::copy(&p.tma_dq, tile + panel * Cfg::kDqRows * kBwdDqBoxCols,
+                                         col0 + panel * kBwdDqBoxCols, row0, hq);
           tma_store_arrive();  // one bulk group per tile
         }
       }

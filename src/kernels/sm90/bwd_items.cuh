@@ -22,11 +22,12 @@ __device__ __forceinline__ BwdItem decode_bwd_item(const BwdParams& p, int i) {
   return it;
 }
 
-// The unit's q blocks in walk order (kernels/worklist/bwd_walk.h): f(q head, first row, entry).
+// The unit's q blocks of kBlockM rows in walk order (kernels/worklist/bwd_walk.h): f(q head,
+// first row, entry).
 // The producer, the consumers and the dQ writer walk alike.
-template <class F>
+template <int kBlockM, class F>
 __device__ __forceinline__ void walk_unit(const BwdParams& p, const BwdItem& it, F&& f) {
-  walk_bwd_unit(it, p.work.entries, it.e_begin, it.e_end, p.group, kBwdBlockM, f);
+  walk_bwd_unit(it, p.work.entries, it.e_begin, it.e_end, p.group, kBlockM, f);
 }
 
 }  // namespace flexcp::sm90::detail

@@ -1,13 +1,14 @@
 // The Hopper backward kernel: one persistent CTA per SM walks (key tile, kv head) items busiest
 // first. Warp group 0 is the producer (one thread issues every TMA load: the item's K and V once,
 // then Q with lse2 and dO with delta per q block, for every q head of the group). Warp groups 1 and
-// 2 each own 64 of the tile's 128 keys. Per q block of 64 rows, each computes
+// 2 each own 64 of the tile's 128 keys. Per q block (64 rows; 128 at head dim 64), each computes
 //   S^T = K Q^T and dP^T = V dO^T           (wgmma, both operands in shared memory)
 //   P^T = 2^(S^T log2(e) - lse2), masked    (registers; rows are keys, columns q rows)
 //   dS^T = P^T (dP^T - delta) [(1 - t^2)]    (registers)
 //   dV += P^T dO, dK += dS^T Q              (wgmma, P^T and dS^T from registers)
 //   dQ = dS K                                (wgmma from shared memory: both groups' dS, each
-//                                             group half of the head dimension)
+//                                             group half of the head dimension, or at 128
+//                                             rows half of the rows)
 // stages its half of dQ in shared memory, from where the producer group's dQ writer warp adds it
 // to the fp32 accumulator with TMA reductions (bwd_dq_writer.cuh). dK and dV are written once, at
 // the end of the item (bwd_epilogue.cuh, with the partials of split items). This file assigns the
@@ -78,7 +79,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
   // ---- consumers ----
   cutlass::arch::warpgroup_reg_alloc<Cfg::kConsumerRegs>();
   const int ctid = threadIdx.x - 128;  // 0..255 over both consumer warp groups
-  const int half = wg - 1;             // which 64 keys of the tile (and half of D for dQ)
+  const int half = wg - 1;             // which 64 keys of the tile (and half of dQ)
   detail::BwdBlockMma<Cfg> mainloop(ctid, half);
   mainloop.clock.start();
   Tensor tdVrdV = mainloop.key_accumulator();
@@ -98,7 +99,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
       const int key0 = it.tile * Cfg::kBlockN;
       pipe_kv.consumer_wait(kv_state);
       mainloop.clock.mark_outside(int(BwdOutsidePhase::kWaitKv));
-      detail::walk_unit(p, it, [&](int hq, int c0, const WorkEntry& entry) {
+      detail::walk_unit<Cfg::kBlockM>(p, it, [&](int hq, int c0, const WorkEntry& entry) {
         mainloop.block(p, ss, pipe_q, pipe_do, hq, c0, entry, key0, tdVrdV, tdKrdK);
       });
       pipe_kv.consumer_release(kv_state);

@@ -56,21 +56,22 @@ __device__ __forceinline__ void load_bwd_items(const BwdParams& p, typename Cfg:
     load_tile<Cfg::kPanels, kBlockN>(&p.tma_k, bar_kv, ss.k.data(), it.tile * kBlockN, it.kv_head);
     load_tile<Cfg::kPanels, kBlockN>(&p.tma_v, bar_kv, ss.v.data(), it.tile * kBlockN, it.kv_head);
     ++kv_state;
-    walk_unit(p, it, [&](int hq, int c0, const WorkEntry&) {
+    walk_unit<kBlockM>(p, it, [&](int hq, int c0, const WorkEntry&) {
       pipe_q.producer_acquire(q_state);
       auto* bar_q = pipe_q.producer_get_barrier(q_state);
       Element* q_dst = ss.q.data() + q_state.index() * kBlockM * kHeadDim;
       load_tile<Cfg::kPanels, kBlockM>(&p.tma_q, bar_q, q_dst, c0, hq);
       const std::int64_t stats = hq * p.stats_stride + (c0 & ~3);
       SM90_BULK_COPY_G2S::copy(p.lse2 + stats, bar_q,
-                               ss.lse2.data() + q_state.index() * kBwdStatsLoad, Cfg::kStatsBytes);
+                               ss.lse2.data() + q_state.index() * Cfg::kStatsLoad,
+                               Cfg::kStatsBytes);
       ++q_state;
       pipe_do.producer_acquire(do_state);
       auto* bar_do = pipe_do.producer_get_barrier(do_state);
       Element* do_dst = ss.dout.data() + do_state.index() * kBlockM * kHeadDim;
       load_tile<Cfg::kPanels, kBlockM>(&p.tma_do, bar_do, do_dst, c0, hq);
       SM90_BULK_COPY_G2S::copy(p.delta + stats, bar_do,
-                               ss.delta.data() + do_state.index() * kBwdStatsLoad,
+                               ss.delta.data() + do_state.index() * Cfg::kStatsLoad,
                                Cfg::kStatsBytes);
       ++do_state;
     });
@@ -132,7 +133,7 @@ struct BwdBlockMma {
   RegsA tKVrP, tKVrdS;
   StoreDs store_ds;
   decltype(store_ds.get_thread_slice(0)) thr_store_ds;
-  int half;  // which 64 keys of the tile (and half of D for dQ)
+  int half;  // which 64 keys of the tile (and half of dQ: of D, or of the rows at 128)
   // This thread's rows (keys of S^T, dK, dV; q rows of dQ) and columns in the accumulators.
   int row_in_group, col_base;
   typename PipelineQ::PipelineState q_state, do_state;
@@ -199,7 +200,7 @@ struct BwdBlockMma {
     Tensor tSrS = partition_fragment_C(mma_sdp, select<0, 1>(typename Cfg::TileSdP{}));
     Tensor tSrdP = partition_fragment_C(mma_sdp, select<0, 1>(typename Cfg::TileSdP{}));
     Tensor tdQrdQ = partition_fragment_C(mma_dq, select<0, 1>(typename Cfg::TileDQ{}));
-    static_assert(size(tSrS) == kBlockM / 2 && size(tdQrdQ) == kHeadDim / 4);
+    static_assert(size(tSrS) == kBlockM / 2 && size(tdQrdQ) == Cfg::kDqRows * Cfg::kDqCols / 128);
     // The shared-memory operands, described here rather than once per kernel: hoisted out of
     // the loop, their wgmma descriptors (eight operands, one 64-bit descriptor per k step) would
     // not fit in registers beside the accumulators and would be spilled. The opaque zero keeps
@@ -232,10 +233,22 @@ struct BwdBlockMma {
     // wgmmas they waited in the same queue until the tensor cores took them, and the register
     // they address from, reused right after, held the group ~11% of its time before dP^T's
     // issue (bench/results/h100-2026-12-05.md).
+    // 128-row blocks read them where they are used (bwd_softmax.cuh says why).
     const bool pairs_aligned = c0 % 2 == 0;
-    float lse2[kBlockM / 4], delta[kBlockM / 4];
-    load_stats<kBlockM>(ss.lse2.data() + q_state.index() * kBwdStatsLoad + (c0 & 3) + col_base,
-                        pairs_aligned, lse2);
+    auto lse2_at = [&] {
+      return ss.lse2.data() + q_state.index() * Cfg::kStatsLoad + (c0 & 3) + col_base;
+    };
+    auto delta_at = [&] {
+      return ss.delta.data() + do_state.index() * Cfg::kStatsLoad + (c0 & 3) + col_base;
+    };
+    constexpr bool kStatsInRegs = kBlockM == 64;
+    std::conditional_t<kStatsInRegs, RegStats<kBlockM>, SmemStats> lse2, delta;
+    if constexpr (kStatsInRegs) {
+      load_stats<kBlockM>(lse2_at(), pairs_aligned, lse2);
+    } else {
+      lse2.at = lse2_at();
+      delta.at = delta_at();
+    }
     issue_ss(mma_sdp, tSrK, tSrQ(_, _, _, qs), tSrS);
     pipe_do.consumer_wait(do_state);
     clock.mark(BwdPhase::kWaitDo);
@@ -246,8 +259,7 @@ struct BwdBlockMma {
 
     probabilities_t<kBlockM, kBlockN>(p, tSrS, entry, c0, key0, key0 + 64 * half + row_in_group,
                                       col_base, lse2);
-    load_stats<kBlockM>(ss.delta.data() + do_state.index() * kBwdStatsLoad + (c0 & 3) + col_base,
-                        pairs_aligned, delta);
+    if constexpr (kStatsInRegs) load_stats<kBlockM>(delta_at(), pairs_aligned, delta);
     clock.mark(BwdPhase::kProbs);
     warpgroup_wait<0>();
     warpgroup_fence_operand(tSrdP);
@@ -276,14 +288,14 @@ struct BwdBlockMma {
     ++do_state;
     clock.mark(BwdPhase::kDqDk);
 
-    // This group's half of dQ into its staging tile, in the 128-byte swizzle of the TMA map (the
-    // 16-byte unit index XOR the row mod 8), once the writer's reductions have read the last
-    // block's: 8 stmatrix of 4 matrices a thread, conflict-free (the 8 rows of a matrix fall on 8
-    // different units). stmatrix moves 16-bit pairs; an fp32 value rides as one pair, so a matrix
-    // row (16 bytes) holds the four lanes' values of one column parity, and each 8-column group
-    // of the tile is staged, added and kept in the accumulator in the order 0 2 4 6 1 3 5 7
-    // (bwd_postprocess reads it back). 64-bit stores in the columns' own order met 2-way bank
-    // conflicts (a half-warp's 4 rows XOR onto the same unit pairs); slabs of 8 columns were
+    // This group's part of dQ (kDqRows x kDqCols) into its staging tile, in the 128-byte swizzle
+    // of the TMA map (the 16-byte unit index XOR the row mod 8), once the writer's reductions have
+    // read the last block's: 8 stmatrix of 4 matrices a thread, conflict-free (the 8 rows of a
+    // matrix fall on 8 different units). stmatrix moves 16-bit pairs; an fp32 value rides as one
+    // pair, so a matrix row (16 bytes) holds the four lanes' values of one column parity, and each
+    // 8-column group of the tile is staged, added and kept in the accumulator in the order 0 2 4 6
+    // 1 3 5 7 (bwd_postprocess reads it back). 64-bit stores in the columns' own order met 2-way
+    // bank conflicts (a half-warp's 4 rows XOR onto the same unit pairs); slabs of 8 columns were
     // conflict-free but their 32-byte rows cost the reductions more than the conflicts
     // (bench/results/h200-backward-2026-12-03.md section 3).
     // Rows past the entry are staged as zeros: the reduction adds the whole box, and those rows
@@ -291,7 +303,7 @@ struct BwdBlockMma {
     if constexpr (Cfg::kAccumulateDq) {
       wait_dq_tile_free<Cfg>(half);
       clock.mark(BwdPhase::kDqFree);
-      const float* dq_stage = ss.dq.data() + half * kBlockM * Cfg::kDqCols;
+      const float* dq_stage = ss.dq.data() + half * Cfg::kDqRows * Cfg::kDqCols;
       // Matrix i of an stmatrix is (column parity i % 2, row half i / 2) of one 8-column group,
       // its register this thread's value c + 2 h + 4 j of the accumulator; lane l gives the
       // address of row l % 8 of matrix l / 8: row r of the tile, 16-byte unit
@@ -307,7 +319,7 @@ struct BwdBlockMma {
       auto stage = [&](auto bits) {
         CUTLASS_PRAGMA_UNROLL
         for (int j = 0; j < Cfg::kDqCols / 8; ++j) {
-          constexpr std::uint32_t kPanelBytes = kBlockM * kBwdDqBoxCols * sizeof(float);
+          constexpr std::uint32_t kPanelBytes = Cfg::kDqRows * kBwdDqBoxCols * sizeof(float);
           stmatrix_x4((at0 ^ (32u * (j % 4))) + (j / 4) * kPanelBytes, bits(4 * j), bits(4 * j + 1),
                       bits(4 * j + 2), bits(4 * j + 3));
         }
@@ -318,8 +330,8 @@ struct BwdBlockMma {
       if (__shfl_sync(0xffffffffu, c0 + kBlockM <= int(entry.end), 0)) {
         stage([&](int i) { return __float_as_uint(tdQrdQ(i)); });
       } else {
-        const bool live[2] = {c0 + row_in_group < int(entry.end),
-                              c0 + row_in_group + 8 < int(entry.end)};
+        const int row = c0 + (Cfg::kDqSplitRows ? Cfg::kDqRows * half : 0) + row_in_group;
+        const bool live[2] = {row < int(entry.end), row + 8 < int(entry.end)};
         stage([&](int i) { return live[i / 2 % 2] ? __float_as_uint(tdQrdQ(i)) : 0u; });
       }
       hand_over_dq_tile<Cfg>(half);

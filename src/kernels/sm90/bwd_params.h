@@ -14,27 +14,28 @@
 namespace flexcp::sm90 {
 
 // One CTA owns kBwdBlockN keys of one kv head (two consumer warp groups of 64 keys each) and
-// walks the q blocks of kBwdBlockM rows its column-major work list names, for every q head of the
-// group, or the part of that walk its unit names (kernels/worklist/bwd_units.h).
-inline constexpr int kBwdBlockM = tiles::kSm90BwdBlockM;
+// walks the q blocks its column-major work list names (tiles::sm90_bwd_block_m rows: BwdConfig's
+// kBlockM), for every q head of the group, or the part of that walk its unit names
+// (kernels/worklist/bwd_units.h).
 inline constexpr int kBwdBlockN = tiles::kSm90BwdBlockN;
-inline constexpr int kBwdStatsLoad = kBwdStatsSpan;
-// The dQ accumulator's TMA box is 32 fp32 wide: the 128 bytes a 128-byte swizzle allows.
+// The dQ accumulator's TMA box is 32 fp32 wide, the 128 bytes a 128-byte swizzle allows, and 64
+// rows: a consumer group's staged tile is 64 rows x 64 columns of a block's dQ at either head dim.
 inline constexpr int kBwdDqBoxCols = 32;
+inline constexpr int kBwdDqBoxRows = 64;
 
 struct BwdParams {
-  // q and dout as {D, Tq, Hq}, boxes of {64, kBwdBlockM, 1}; k and v as {D, Tk, Hk}, boxes of
+  // q and dout as {D, Tq, Hq}, boxes of {64, block rows, 1}; k and v as {D, Tk, Hk}, boxes of
   // {64, kBwdBlockN, 1}; 128-byte swizzle, out-of-bounds rows read as zeros.
   CUtensorMap tma_q;
   CUtensorMap tma_do;
   CUtensorMap tma_k;
   CUtensorMap tma_v;
-  // The fp32 dQ accumulator as {D, Tq, Hq}, boxes of {kBwdDqBoxCols, kBwdBlockM, 1}, 128-byte
+  // The fp32 dQ accumulator as {D, Tq, Hq}, boxes of {kBwdDqBoxCols, kBwdDqBoxRows, 1}, 128-byte
   // swizzle: each consumer group adds its staged half of a block's dQ with TMA reductions (rows
   // past Tq are dropped by the unit).
   CUtensorMap tma_dq;
   // The row statistics (bwd_scratch.h), [Hq, stats_stride] fp32, read with plain bulk copies of
-  // kBwdStatsLoad values from the 16-byte boundary at or below a block's first row.
+  // a block's span (bwd_stats_span) from the 16-byte boundary at or below its first row.
   const float* lse2 = nullptr;
   const float* delta = nullptr;
   std::int64_t stats_stride = 0;

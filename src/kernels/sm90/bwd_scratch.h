@@ -4,6 +4,7 @@
 // Plain C++ (the plan lays it out in builds without CUDA too).
 #pragma once
 
+#include <algorithm>
 #include <cstdint>
 
 #include "flexcp/attention_plan.h"
@@ -12,18 +13,21 @@
 
 namespace flexcp::sm90 {
 
-// Row statistics a q block reads: its kSm90BwdBlockM rows from the 16-byte boundary at or below
-// its first row (bulk copies need 16-byte aligned sources), so up to 3 more. The dQ pass reads
-// kSm90BwdDqBlockM rows from a tile's first row. Each head's run is padded by kBwdStatsPad rows so
-// that both reads stay inside it.
-inline constexpr int kBwdStatsSpan = tiles::kSm90BwdBlockM + 4;
+// Row statistics a q block reads: its rows (tiles::sm90_bwd_block_m) from the 16-byte boundary at
+// or below its first row (bulk copies need 16-byte aligned sources), so up to 3 more. The dQ pass
+// reads kSm90BwdDqBlockM rows from a tile's first row. Each head's run is padded by kBwdStatsPad
+// rows so that every such read stays inside it.
+constexpr int bwd_stats_span(int block_m) {
+  return block_m + 4;
+}
 inline constexpr int kBwdStatsPad =
-    kBwdStatsSpan > tiles::kSm90BwdDqBlockM ? kBwdStatsSpan : tiles::kSm90BwdDqBlockM;
+    std::max(bwd_stats_span(tiles::kSm90BwdBlockMHd64), tiles::kSm90BwdDqBlockM);
+static_assert(tiles::kSm90BwdBlockMHd64 >= tiles::kSm90BwdBlockM);
 
 struct BwdScratch {
   // lse2 = lse * log2(e) (+inf for a row that attends nothing, so that 2^(s - lse2) is 0 even for
   // s = -inf) and delta = <dout, out>, both [Hq, stats_stride] fp32: per head one run of tokens,
-  // which the kernel reads kBwdStatsSpan at a time from a 16-byte boundary; the rows past seqlen_q
+  // which the kernel reads a block's span at a time from a 16-byte boundary; the rows past seqlen_q
   // (lse2 +inf, delta 0) keep every such read inside its head's row.
   float* lse2 = nullptr;
   float* delta = nullptr;

@@ -14,13 +14,28 @@
 
 namespace flexcp::sm90::detail {
 
-// This thread's statistics of a block: the values of its q columns (8 j + c, c = 0, 1) from `at`.
-// Where the block's first row is even the pairs are 8-byte aligned in the staged copy (it starts
-// at the 16-byte boundary at or below that row): 8-byte loads, half the instructions and shared-
-// memory wavefronts (the branch is uniform over the block).
+// A thread's statistics (lse2 or delta) of a block: value 2 j + c is that of its q column
+// 8 j + c (c = 0, 1), either held in registers, loaded while the products run (RegStats), or
+// read from the staged copy where it is used (SmemStats): a 128-row block's two sets would take 64
+// registers beside S^T and dP^T, and spill them.
+template <int kBlockM>
+struct RegStats {
+  float v[kBlockM / 4];
+  __device__ __forceinline__ float operator[](int i) const { return v[i]; }
+};
+struct SmemStats {
+  const float* at;  // this thread's first column in the staged copy
+  __device__ __forceinline__ float operator[](int i) const { return at[8 * (i / 2) + i % 2]; }
+};
+
+// RegStats from `at`, this thread's first column in the staged copy. Where the block's first row
+// is even the pairs are 8-byte aligned there (the copy starts at the 16-byte boundary at or below
+// that row): 8-byte loads, half the instructions and shared-memory wavefronts (the branch is
+// uniform over the block).
 template <int kBlockM>
 __device__ __forceinline__ void load_stats(const float* at, bool pairs_aligned,
-                                           float (&v)[kBlockM / 4]) {
+                                           RegStats<kBlockM>& stats) {
+  float* v = stats.v;
   if (pairs_aligned) {
     CUTLASS_PRAGMA_UNROLL
     for (int j = 0; j < kBlockM / 8; ++j) {
@@ -40,10 +55,10 @@ __device__ __forceinline__ void load_stats(const float* at, bool pairs_aligned,
 // end), then 2^x. `key0` is the tile's first key, `key` this thread's first key, lse2 this
 // thread's columns' statistics. The mask comes after the subtraction: -inf times a scale of zero
 // or below would not stay -inf.
-template <int kBlockM, int kBlockN, class Frag>
+template <int kBlockM, int kBlockN, class Frag, class Stats>
 __device__ __forceinline__ void probabilities_t(const BwdParams& p, Frag& s, const WorkEntry& entry,
                                                 int c0, int key0, int key, int col_base,
-                                                const float (&lse2)[kBlockM / 4]) {
+                                                const Stats& lse2) {
   if (p.softcap > 0.f) {
     logits_log2(p, s);
     CUTLASS_PRAGMA_UNROLL
@@ -77,10 +92,9 @@ __device__ __forceinline__ void probabilities_t(const BwdParams& p, Frag& s, con
 }
 
 // dP^T to dS^T in place, from P^T and the q rows' delta (and lse2, for softcap's factor).
-template <int kBlockM, class Frag>
+template <int kBlockM, class Frag, class Stats>
 __device__ __forceinline__ void logit_gradients_t(const BwdParams& p, const Frag& pt, Frag& dpt,
-                                                  const float (&lse2)[kBlockM / 4],
-                                                  const float (&delta)[kBlockM / 4]) {
+                                                  const Stats& lse2, const Stats& delta) {
   auto grad = [&](auto softcapped) {
     CUTLASS_PRAGMA_UNROLL
     for (int j = 0; j < kBlockM / 8; ++j) CUTLASS_PRAGMA_UNROLL

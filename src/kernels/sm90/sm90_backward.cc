@@ -191,10 +191,11 @@ void backward_keys(const CallShape& s, const AttentionPlan::Impl& rows,
   if (p.items == 0) return;
   const BwdScratch& scratch = rows.scratch;
   if (s.seqlen_q > 0) {
-    p.tma_q = tensor_map(kFn, "q", q, kBwdBlockM, 1);
-    p.tma_do = tensor_map(kFn, "dout", dout, kBwdBlockM, 1);
+    const int block_m = tiles::sm90_bwd_block_m(s.head_dim);
+    p.tma_q = tensor_map(kFn, "q", q, block_m, 1);
+    p.tma_do = tensor_map(kFn, "dout", dout, block_m, 1);
     p.tma_dq = accumulator_map(kFn, "the dQ accumulator", scratch.dq_accum, s.seqlen_q, s.heads_q,
-                               s.head_dim, kBwdDqBoxCols, kBwdBlockM);
+                               s.head_dim, kBwdDqBoxCols, kBwdDqBoxRows);
   }
   p.tma_k = tensor_map(kFn, "k", k, kBwdBlockN, 1);
   p.tma_v = tensor_map(kFn, "v", v, kBwdBlockN, 1);
