@@ -71,6 +71,13 @@ struct BwdConfig {
   static constexpr int kDqPanels = kDqCols / kBwdDqBoxCols;
   static_assert(kDqRows == kBwdDqBoxRows && kDqCols % kBwdDqBoxCols == 0 &&
                 kBwdDqBoxCols * sizeof(float) == 128);
+  // Where group g's part starts in the block's dQ: its first row (from the block's) and column.
+  __host__ __device__ static constexpr int dq_row_offset(int g) {
+    return kDqSplitRows ? g * kDqRows : 0;
+  }
+  __host__ __device__ static constexpr int dq_first_col(int g) {
+    return kDqSplitRows ? 0 : g * kDqCols;
+  }
 
   using Atom2M = cute::Layout<cute::Shape<cute::_2, cute::_1, cute::_1>>;
   using Atom2N = cute::Layout<cute::Shape<cute::_1, cute::_2, cute::_1>>;

@@ -70,10 +70,8 @@ __device__ __forceinline__ void write_dq_blocks(const BwdParams& p, Storage& ss,
       for (int g = 0; g < Cfg::kConsumers; ++g) {
         NamedBarrier::sync(kThreads, dq_barrier(BwdBarrier::kDqStaged, g));
         if (issuer) {
-          // Group g's part: rows g kDqRows on of a 128-row block, else columns g kDqCols on.
           const float* tile = ss.dq.data() + g * Cfg::kDqRows * Cfg::kDqCols;
-          const int col0 = Cfg::kDqSplitRows ? 0 : g * Cfg::kDqCols;
-          const int row0 = c0 + (Cfg::kDqSplitRows ? g * Cfg::kDqRows : 0);
+          const int col0 = Cfg::dq_first_col(g), row0 = c0 + Cfg::dq_row_offset(g);
           CUTLASS_PRAGMA_UNROLL
           for (int panel = 0; panel < Cfg::kDqPanels; ++panel)
             SM90_TMA_REDUCE_ADD_3D::copy(&p.tma_dq, tile + panel * Cfg::kDqRows * kBwdDqBoxCols,

@@ -330,7 +330,7 @@ struct BwdBlockMma {
       if (__shfl_sync(0xffffffffu, c0 + kBlockM <= int(entry.end), 0)) {
         stage([&](int i) { return __float_as_uint(tdQrdQ(i)); });
       } else {
-        const int row = c0 + (Cfg::kDqSplitRows ? Cfg::kDqRows * half : 0) + row_in_group;
+        const int row = c0 + Cfg::dq_row_offset(half) + row_in_group;
         const bool live[2] = {row < int(entry.end), row + 8 < int(entry.end)};
         stage([&](int i) { return live[i / 2 % 2] ? __float_as_uint(tdQrdQ(i)) : 0u; });
       }
